@@ -1,0 +1,182 @@
+"""Find, run and export Nsight Systems, turning its quiet failure modes into clear errors.
+
+nsys passes the profiled program's exit code through and exits 0 in several failure cases (missing
+output folder, lost agent), so nothing here trusts an exit code: every step checks for its file.
+The capture flags are the ones verified not to hang the agent on CPU machines (no perf sampling,
+no context-switch tracing, a private TMPDIR and a unique session name).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddprof.errors import DdprofError
+
+INSTALL_HINT = "install it with `bash scripts/install-nsys.sh` (Debian non-free nsight-systems) or set NSYS=/path/to/nsys"
+
+# Where Nsight Systems lives when it is not on PATH: Debian's package, CUDA toolkits, NVIDIA images.
+_KNOWN_LOCATIONS = (
+    "/usr/lib/nsight-systems/bin/nsys",
+    "/usr/local/cuda/bin/nsys",
+    "/opt/nvidia/nsight-systems*/**/nsys",
+    "/opt/nvidia/nsight-compute*/**/target-linux-x64/nsys",
+)
+
+
+@dataclass(frozen=True)
+class Nsys:
+    """One Nsight Systems installation: its CLI binary and the version it reports."""
+
+    path: Path
+    version: str
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(p) for p in self.version.split(".") if p.isdigit())
+
+
+def _candidates() -> list[str]:
+    if os.environ.get("NSYS"):
+        return [os.environ["NSYS"]]  # an explicit choice is the only one
+    found = []
+    on_path = shutil.which("nsys")
+    if on_path:
+        found.append(on_path)
+    for pattern in _KNOWN_LOCATIONS:
+        found.extend(sorted(glob.glob(pattern, recursive=True), reverse=True))
+    return found
+
+
+def _version_of(path: str) -> str | None:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(\d{4}\.\d+(?:\.\d+)*)", out.stdout + out.stderr)
+    return match.group(1) if match else None
+
+
+def find_nsys() -> Nsys:
+    """The first working nsys among $NSYS, PATH and the usual install locations."""
+    for path in _candidates():
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            version = _version_of(path)
+            if version:
+                return Nsys(Path(path), version)
+    if os.environ.get("NSYS"):
+        raise DdprofError(f"NSYS={os.environ['NSYS']} is not a working nsys binary; {INSTALL_HINT}")
+    raise DdprofError(f"Nsight Systems (nsys) not found; {INSTALL_HINT}")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _shutdown(nsys: Nsys, session: str) -> None:
+    """End a session and its agent; harmless when both already ended (the normal case).
+
+    A killed nsys leaves its agent running and unlisted, so stragglers are ended by pid too.
+    """
+    subprocess.run([str(nsys.path), "shutdown", f"--session={session}", "--kill=sigkill"],
+                   capture_output=True, timeout=60, check=False)
+    marker = f"--session-name={session}".encode()
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc_dir / "cmdline").read_bytes().split(b"\0"):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: float = 600,
+            env: dict[str, str] | None = None, nsys: Nsys | None = None) -> Path:
+    """Run `command` under `nsys profile` and return the `.nsys-rep` it wrote.
+
+    `out` is the report path without extension. `env` is the whole environment of the profiled
+    program (nsys stores it inside the report, so callers pass an allowlist).
+    """
+    nsys = nsys or find_nsys()
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise DdprofError(f"{out.parent}: output folder does not exist")
+    if not os.access(out.parent, os.W_OK):
+        raise DdprofError(f"{out.parent}: output folder is not writable")
+    report = out.with_name(out.name + ".nsys-rep")
+    report.unlink(missing_ok=True)
+
+    session = f"ddprof-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmpdir = tempfile.mkdtemp(prefix="ddprof-nsys-")
+    run_env = dict(os.environ if env is None else env)
+    run_env["TMPDIR"] = tmpdir
+    args = [str(nsys.path), "profile", f"--session-new={session}", f"--trace={trace}",
+            "--sample=none", "--cpuctxsw=none", "--wait=primary", "-f", "true", "-o", str(out),
+            *command]
+    proc = subprocess.Popen(args, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _shutdown(nsys, session)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        report.unlink(missing_ok=True)
+        raise DdprofError(f"nsys profile timed out after {timeout_s:.0f} s (session {session} shut down): "
+                          f"{' '.join(command)}") from None
+    finally:
+        _shutdown(nsys, session)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    if proc.returncode != 0:
+        report.unlink(missing_ok=True)
+        raise DdprofError(f"profiled program failed (exit {proc.returncode}): {_last_line(stderr)}")
+    if not report.is_file() or report.stat().st_size == 0:
+        raise DdprofError(f"{report}: nsys wrote no report ({_last_line(stderr or stdout)})")
+    return report
+
+
+def export_sqlite(report: Path, sqlite_path: Path | None = None, *, nsys: Nsys | None = None,
+                  timeout_s: float = 600) -> Path:
+    """Export a `.nsys-rep` to SQLite (beside it by default) and check the result is a real export."""
+    nsys = nsys or find_nsys()
+    report = Path(report)
+    if not report.is_file():
+        raise DdprofError(f"{report}: no such report")
+    sqlite_path = Path(sqlite_path) if sqlite_path else report.with_suffix(".sqlite")
+    args = [str(nsys.path), "export", "--type=sqlite", "-q", "true", "-f", "true",
+            "-o", str(sqlite_path), str(report)]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        sqlite_path.unlink(missing_ok=True)
+        raise DdprofError(f"{report}: nsys export timed out after {timeout_s:.0f} s") from None
+    message = done.stderr + done.stdout
+    if re.search(r"version.*not supported|unsupported.*version|newer version", message, re.I):
+        sqlite_path.unlink(missing_ok=True)
+        raise DdprofError(f"{report}: written by a newer Nsight Systems than the local {nsys.version}; "
+                          "export it to SQLite on the machine that captured it (nsys export --type sqlite)")
+    if done.returncode != 0 or not sqlite_path.is_file():
+        sqlite_path.unlink(missing_ok=True)
+        raise DdprofError(f"{report}: nsys export failed: {_last_line(message)}")
+    _check_export(sqlite_path)
+    return sqlite_path
+
+
+def _check_export(sqlite_path: Path) -> None:
+    try:
+        with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise DdprofError(f"{sqlite_path}: export is not a readable SQLite file ({exc})") from None
+    if "StringIds" not in tables:
+        raise DdprofError(f"{sqlite_path}: export has no StringIds table: not an Nsight Systems export")

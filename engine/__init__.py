@@ -1,0 +1,1 @@
+"""The embedded engine: a Kimi-K2-style MLA+MoE target decoded with DDTree, NVTX-instrumented."""

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian bookworm machine (root, Python 3.11): .venv with the project,
+# and Nsight Systems when `nsys` is missing. Fast when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+# Reinstall only when pyproject.toml changed since the last successful install.
+stamp=.venv/.ddprof-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+  .venv/bin/python -c "import ddprof, engine, triton_kernels, torch, triton, nvtx, polars, plotly"
+  touch "$stamp"
+fi
+
+if ! command -v nsys >/dev/null 2>&1 && [ -z "${NSYS:-}" ]; then
+  bash scripts/install-nsys.sh
+fi

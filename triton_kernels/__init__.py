@@ -1,0 +1,1 @@
+"""Triton kernels for the DDTree decode step; each file holds a kernel, its launcher and reference."""
