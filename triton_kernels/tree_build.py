@@ -1,0 +1,172 @@
+"""GPU DDTree builder: the CPU heapq best-first search, replayed by one warp per request.
+
+Reference: `engine.tree.build_tree_cpu`. This kernel returns the same `TreeBatch`, bit for bit, for
+every request, ties included, because it performs the very same search rather than an equivalent
+one: the same float64 arithmetic in the same order (a sibling's score is the popped score minus its
+log-prob plus the sibling's; a child's is the popped score plus the first log-prob one depth down),
+and the same heap order (score descending, then the path of top-k ranks ascending).
+
+Why a replay is fast: the heap never holds more than `budget` entries, so one warp keeps one entry
+per lane and a pop is a single warp reduction (shuffles only) over (score, rank path) carrying the
+entry's payload. `budget` pops give the tree; no host synchronisation, one launch for the batch
+(one program = one request). A depth-by-depth expand-and-select would visit the same prefixes, but
+only while float64 rounding never reorders a chain of sibling scores; the replay needs no such proof.
+
+Keys: a rank path (r_1..r_d) is ordered like the tuple `(r_1, .., r_L padded with 0, d)`, packed
+most significant first into two int64 words (`NB` bits per digit, the depth in the low bits of the
+second word), so a sibling adds one unit at digit d and a child adds one to the depth field.
+Ancestors travel as an int64 bit set (bit j = node j), which gives the visibility mask for free.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.tree import TreeBatch, max_tree_size
+
+MAX_BUDGET = 64  # ancestor sets are one int64 bit set per node
+
+
+@triton.jit
+def _better(s1, a1, b1, m1, an1, ls1, lb1, lc1, s2, a2, b2, m2, an2, ls2, lb2, lc2):
+    """Heap order: higher score first; equal scores pop in ascending rank-path order."""
+    first = (s1 > s2) | ((s1 == s2) & ((a1 < a2) | ((a1 == a2) & (b1 < b2))))
+    return (tl.where(first, s1, s2), tl.where(first, a1, a2), tl.where(first, b1, b2),
+            tl.where(first, m1, m2), tl.where(first, an1, an2), tl.where(first, ls1, ls2),
+            tl.where(first, lb1, lb2), tl.where(first, lc1, lc2))
+
+
+@triton.jit
+def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
+                       L: tl.constexpr, K: tl.constexpr, BUDGET: tl.constexpr, LANES: tl.constexpr,
+                       NB: tl.constexpr, M0: tl.constexpr, DB: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    lq = lq_ptr + b * (L * K)
+    ids = ids_ptr + b * (L * K)
+    lane = tl.arange(0, LANES)
+    neg_inf = float("-inf")
+    empty_key = 0x7FFFFFFFFFFFFFFF
+
+    # Heap entry per lane. meta packs slot | rank << 8 | depth << 16 | (parent + 1) << 24 | token << 32.
+    # ls/lb/lc: the entry's own log-prob, its next sibling's and its first child's (float32 inputs).
+    root_self = tl.load(lq).to(tl.float32)
+    root_sib = tl.load(lq + 1, mask=K > 1, other=0.0).to(tl.float32)
+    root_child = tl.load(lq + K, mask=L > 1, other=0.0).to(tl.float32)
+    root_token = tl.load(ids).to(tl.int64)
+    is_root = lane == 0
+    score = tl.where(is_root, root_self.to(tl.float64), neg_inf)
+    key0 = tl.where(is_root, 0, empty_key).to(tl.int64)
+    key1 = tl.where(is_root, 1, empty_key).to(tl.int64)
+    meta = tl.where(is_root, (root_token << 32) | (1 << 16), 0).to(tl.int64)
+    anc = tl.zeros([LANES], tl.int64)
+    l_self = tl.where(is_root, root_self, 0.0)
+    l_sib = tl.where(is_root, root_sib, 0.0)
+    l_child = tl.where(is_root, root_child, 0.0)
+
+    out_tok = tl.zeros([LANES], tl.int64)
+    out_depth = tl.zeros([LANES], tl.int64)
+    out_parent = tl.zeros([LANES], tl.int64)
+    out_anc = tl.zeros([LANES], tl.int64)
+    free_slot = 1
+    for n in range(BUDGET):
+        w_score, w_key0, w_key1, w_meta, w_anc, w_self, w_sib, w_child = tl.reduce(
+            (score, key0, key1, meta, anc, l_self, l_sib, l_child), 0, _better)
+        slot = w_meta & 255
+        rank = (w_meta >> 8) & 255
+        depth = (w_meta >> 16) & 255
+        parent = ((w_meta >> 24) & 255) - 1
+        node_anc = w_anc | (tl.full([], 1, tl.int64) << n)
+        here = lane == n
+        out_tok = tl.where(here, w_meta >> 32, out_tok)
+        out_depth = tl.where(here, depth, out_depth)
+        out_parent = tl.where(here, parent, out_parent)
+        out_anc = tl.where(here, node_anc, out_anc)
+
+        more = n < BUDGET - 1  # the last pop pushes nothing that could still be popped
+        # Next sibling (depth, rank + 1): same parent, same ancestors.
+        has_sib = more & (rank + 1 < K)
+        row = lq + (depth - 1) * K
+        s_score = (w_score - w_self.to(tl.float64)) + w_sib.to(tl.float64)
+        digit = depth - 1
+        in_key0 = digit < M0
+        shift0 = tl.maximum((M0 - 1 - digit) * NB, 0)
+        shift1 = tl.maximum((L - 1 - digit) * NB + DB, 0)
+        one = tl.full([], 1, tl.int64)
+        s_key0 = w_key0 + tl.where(in_key0, one << shift0, 0)
+        s_key1 = w_key1 + tl.where(in_key0, 0, one << shift1)
+        s_token = tl.load(ids + (depth - 1) * K + rank + 1, mask=has_sib, other=0).to(tl.int64)
+        s_meta = (s_token << 32) | (w_meta & 0xFFFF00FF) | ((rank + 1) << 8)
+        s_next = tl.load(row + rank + 2, mask=has_sib & (rank + 2 < K), other=0.0).to(tl.float32)
+        # First child (depth + 1, rank 0): parent is node n, which joins the ancestor set.
+        has_child = more & (depth < L)
+        c_score = w_score + w_child.to(tl.float64)
+        c_token = tl.load(ids + depth * K, mask=has_child, other=0).to(tl.int64)
+        c_meta = (c_token << 32) | ((n + 1) << 24) | ((depth + 1) << 16) | free_slot
+        c_next = tl.load(lq + depth * K + 1, mask=has_child & (K > 1), other=0.0).to(tl.float32)
+        c_child = tl.load(lq + (depth + 1) * K, mask=has_child & (depth + 1 < L),
+                          other=0.0).to(tl.float32)
+
+        at_sib = lane == slot
+        at_child = (lane == free_slot) & has_child
+        sib_ok = at_sib & has_sib
+        score = tl.where(at_child, c_score, tl.where(sib_ok, s_score, tl.where(at_sib, neg_inf, score)))
+        key0 = tl.where(at_child, w_key0, tl.where(sib_ok, s_key0, tl.where(at_sib, empty_key, key0)))
+        key1 = tl.where(at_child, w_key1 + 1, tl.where(sib_ok, s_key1, tl.where(at_sib, empty_key, key1)))
+        meta = tl.where(at_child, c_meta, tl.where(sib_ok, s_meta, meta))
+        anc = tl.where(at_child, node_anc, anc)
+        l_self = tl.where(at_child, w_child, tl.where(sib_ok, w_sib, l_self))
+        l_sib = tl.where(at_child, c_next, tl.where(sib_ok, s_next, l_sib))
+        l_child = tl.where(at_child, c_child, tl.where(sib_ok, w_child, l_child))
+        free_slot += has_child.to(tl.int32)
+
+    valid = lane < BUDGET
+    out = b * BUDGET + lane
+    tl.store(tok_out + out, out_tok, mask=valid)
+    tl.store(depth_out + out, out_depth, mask=valid)
+    tl.store(parent_out + out, out_parent, mask=valid)
+    col = tl.arange(0, LANES)
+    vis = ((out_anc[:, None] >> col[None, :]) & 1) != 0
+    vis_offs = b * (BUDGET * BUDGET) + lane[:, None] * BUDGET + col[None, :]
+    tl.store(vis_out + vis_offs, vis, mask=valid[:, None] & (col[None, :] < BUDGET))
+
+
+def _key_layout(depth_limit: int, k: int, budget: int) -> tuple[int, int, int]:
+    """Bits per rank digit, digits in the first key word, bits for the depth field."""
+    max_rank = min(k, budget) - 1  # a rank-r entry needs its r elder siblings popped first
+    digit_bits = max(1, max_rank.bit_length())
+    depth_bits = depth_limit.bit_length()
+    first_word = 63 // digit_bits
+    if max(0, depth_limit - first_word) * digit_bits + depth_bits > 63:
+        raise ValueError(f"tree_build: rank paths of L={depth_limit}, K={k}, budget={budget} "
+                         "do not fit the kernel's two 63-bit key words")
+    return digit_bits, first_word, depth_bits
+
+
+def build_tree_gpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, budget: int) -> TreeBatch:
+    """Same contract as `build_tree_cpu`, on the inputs' device; one launch, no host sync."""
+    if top_log_probs.dim() == 2:
+        top_log_probs, top_token_ids = top_log_probs[None], top_token_ids[None]
+    bs, depth_limit, k = top_log_probs.shape
+    if top_token_ids.shape != top_log_probs.shape:
+        raise ValueError(f"tree_build: top_token_ids {tuple(top_token_ids.shape)} must match "
+                         f"top_log_probs {tuple(top_log_probs.shape)}")
+    if budget < 1 or budget > max_tree_size(depth_limit, k):
+        raise ValueError(f"budget {budget} must be in 1..{max_tree_size(depth_limit, k)} "
+                         f"for L={depth_limit}, K={k}")
+    if budget > MAX_BUDGET or depth_limit > 255 or k > 255:
+        raise ValueError(f"tree_build: the GPU builder supports budget <= {MAX_BUDGET} and L, K <= 255 "
+                         f"(got budget {budget}, L={depth_limit}, K={k})")
+    digit_bits, first_word, depth_bits = _key_layout(depth_limit, k, budget)
+    device = top_log_probs.device
+    tokens = torch.empty(bs, budget, dtype=torch.int64, device=device)
+    depths = torch.empty_like(tokens)
+    parents = torch.empty_like(tokens)
+    visibility = torch.empty(bs, budget, budget, dtype=torch.bool, device=device)
+    if bs:
+        _tree_build_kernel[(bs,)](
+            top_log_probs.contiguous(), top_token_ids.contiguous(), tokens, depths, parents, visibility,
+            L=depth_limit, K=k, BUDGET=budget, LANES=max(2, triton.next_power_of_2(budget)),
+            NB=digit_bits, M0=first_word, DB=depth_bits, num_warps=1)
+    return TreeBatch(tokens, depths, parents, visibility)
