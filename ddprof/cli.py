@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -51,6 +52,77 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     for key, value in facts.items():
         table.add_row(key, str(value))
     console.print(table)
+
+
+_STAGE_MAP_HELP = "JSON/TOML file mapping another engine's NVTX range names onto step and the six stages."
+_DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in the output) instead of failing."
+
+
+def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
+    """Load, attribute and summarise one export: (trace, attribution, breakdown summary)."""
+    from ddprof.analysis import breakdown as summarise
+    from ddprof.attribution import attribute
+    from ddprof.load import load
+    from ddprof.stage_map import StageMap
+
+    stage_map = StageMap.from_file(stage_map_file) if stage_map_file else StageMap.default()
+    advance(f"loading {path.name}")
+    trace = load(path)
+    advance(f"attributing {path.name}")
+    attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
+    advance(f"summarising {path.name}")
+    return trace, attribution, summarise(attribution, stage_map)
+
+
+@app.command()
+def breakdown(
+    path: Path = typer.Argument(..., help="A .sqlite export or a .nsys-rep report."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    parquet: Path = typer.Option(None, "--parquet", help="Also write the frames as DIR/*.parquet."),
+    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP),
+    drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
+) -> None:
+    """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time."""
+    from ddprof.analysis import breakdown_frames, write_parquet
+    from ddprof.report import breakdown_view, phases
+
+    with phases(4 if parquet else 3) as advance:
+        trace, attribution, summary = _analyse(path, stage_map, drop_incomplete, advance)
+        if parquet:
+            advance(f"writing {parquet}")
+            write_parquet(breakdown_frames(trace, attribution, summary), parquet)
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        console.print(breakdown_view(summary))
+
+
+@app.command()
+def compare(
+    a: Path = typer.Argument(..., help="Run A (the baseline): .sqlite or .nsys-rep."),
+    b: Path = typer.Argument(..., help="Run B: .sqlite or .nsys-rep."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP + " Applies to both runs."),
+    stage_map_b: Path = typer.Option(None, "--stage-map-b", help="A different stage map for run B."),
+    resamples: int = typer.Option(2000, help="Bootstrap resamples of steps."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+    drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
+) -> None:
+    """Per-stage deltas (ms per step, bootstrap CIs over steps) and the tok/s ratio of B over A."""
+    from ddprof.compare import compare as compare_runs
+    from ddprof.report import compare_view, phases
+
+    if resamples < 1:
+        raise DdprofError(f"--resamples must be at least 1 (got {resamples})")
+    with phases(7) as advance:
+        _, run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
+        _, run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
+        advance("bootstrapping")
+        result = compare_runs(run_a, run_b, summary_a, summary_b, resamples=resamples, seed=seed)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        console.print(compare_view(result))
 
 
 def main() -> None:

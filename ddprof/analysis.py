@@ -1,0 +1,129 @@
+"""The breakdown: per-stage totals, shares, per-step distributions and what-if projections.
+
+Turns an Attribution into the `ddprof breakdown --json` object (keys and meaning fixed by issue 4)
+and the frames `--parquet` writes. Projections assume the freed time comes off the critical path
+one for one: a stage that cost nothing saves its crit time; one that cost only its GPU time saves
+its host-owned crit time. When steps of several threads overlap in time, the saving is scaled by
+wall time / summed step time (a serial decode loop saves exactly its crit time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ddprof.attribution import OTHER, OWNERS, Attribution
+from ddprof.load import Trace
+from ddprof.stage_map import StageMap
+from engine.stages import STAGES
+
+PERCENTILES = (50, 90, 99)
+_NS_PER_MS = 1e6
+
+
+def _ms(ns) -> float:
+    return float(ns) / _NS_PER_MS
+
+
+def _distribution(values_ns: np.ndarray) -> dict[str, float]:
+    points = np.percentile(values_ns, PERCENTILES) if values_ns.size else [0.0] * len(PERCENTILES)
+    return {f"p{p}": _ms(v) for p, v in zip(PERCENTILES, points)}
+
+
+def _tok_per_s(tokens: int, wall_ns: float) -> float | None:
+    return tokens / (wall_ns / 1e9) if wall_ns > 0 else None
+
+
+def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> dict:
+    """The `--json` object: steps, tokens, wall_s, tok_per_s, bound_by, other_crit_ms, stages, extras."""
+    stage_map = stage_map or StageMap.default()
+    steps, n_steps = attribution.steps, attribution.steps.height
+    step_ns = (steps["end"] - steps["start"]).to_numpy()
+    total_step_ns = int(step_ns.sum())
+    wall_ns = int(steps["end"].max() - steps["start"].min())
+    tokens = attribution.tokens
+    gpu_known = attribution.has_gpu_activity
+    # Saving x ns of step time saves x * scale ns of wall time (see module docstring).
+    scale = min(1.0, wall_ns / total_step_ns) if total_step_ns else 0.0
+
+    matrices = {c: attribution.matrix(c)
+                for c in ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns")}
+    totals = {c: m.sum(axis=0) for c, m in matrices.items()}
+
+    def share(ns) -> float:
+        return float(ns) / total_step_ns if total_step_ns else 0.0
+
+    stages = []
+    for code, stage in enumerate(STAGES):
+        crit, crit_gpu = totals["crit_ns"][code], totals["crit_gpu_ns"][code]
+        cpu, wait = totals["cpu_ns"][code], totals["wait_ns"][code]
+        stages.append({
+            "stage": stage,
+            "count": int(totals["count"][code]),
+            "cpu_ms": _ms(cpu),
+            "cpu_share": share(cpu),
+            "gpu_ms": _ms(totals["gpu_ns"][code]) if gpu_known else None,
+            "crit_ms": _ms(crit),
+            "crit_share": share(crit),
+            "crit_gpu_ms": _ms(crit_gpu) if gpu_known else None,
+            "crit_host_ms": _ms(crit - crit_gpu),
+            "wait_ms": _ms(wait) if gpu_known else None,
+            "busy_ms": _ms(cpu - wait) if gpu_known else None,
+            "per_step": {
+                "cpu_ms": _distribution(matrices["cpu_ns"][:, code]),
+                "gpu_ms": _distribution(matrices["gpu_ns"][:, code]) if gpu_known else None,
+                "crit_ms": _distribution(matrices["crit_ns"][:, code]),
+            },
+            "what_if": {
+                "tok_per_s_if_free": _tok_per_s(tokens, wall_ns - crit * scale),
+                "tok_per_s_if_gpu_only": _tok_per_s(tokens, wall_ns - (crit - crit_gpu) * scale) if gpu_known else None,
+            },
+        })
+    other = OWNERS.index(OTHER)
+    bound_by = STAGES[int(np.argmax(totals["crit_ns"][:len(STAGES)]))]
+    return {
+        "source": str(attribution.source),
+        "steps": n_steps,
+        "tokens": tokens,
+        "wall_s": wall_ns / 1e9,
+        "tok_per_s": _tok_per_s(tokens, wall_ns),
+        "bound_by": bound_by,
+        "other_crit_ms": _ms(totals["crit_ns"][other]),
+        "stages": stages,
+        "other_crit_share": share(totals["crit_ns"][other]),
+        "step_ms": {"total": _ms(total_step_ns), **_distribution(step_ns)},
+        "gpu_activity": gpu_known,
+        "domain": stage_map.domain,
+        "stage_map": str(stage_map.source) if stage_map.source else None,
+        "dropped_ranges": attribution.dropped,
+    }
+
+
+def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> dict[str, pl.DataFrame]:
+    """The frames behind a breakdown, by file stem, for `--parquet DIR`."""
+    stages = pl.DataFrame([{k: v for k, v in row.items() if k not in ("per_step", "what_if")}
+                           for row in summary["stages"]])
+    return {
+        "ranges": trace.ranges,
+        "marks": trace.marks,
+        "incomplete_ranges": trace.incomplete,
+        "runtime_calls": trace.runtime,
+        "gpu_ops": attribution.gpu_ops,
+        "steps": attribution.steps,
+        "stage_ranges": attribution.stage_ranges,
+        "step_owners": attribution.per_step,
+        "stages": stages,
+    }
+
+
+def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, frame in frames.items():
+        path = folder / f"{stem}.parquet"
+        frame.write_parquet(path)
+        written.append(path)
+    return written

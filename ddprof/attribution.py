@@ -1,0 +1,261 @@
+"""Steps, stages and GPU ops tied together, and the critical path: who owns each ns of each step.
+
+The definitions (issue 4), per step on its thread:
+- a stage range is a mapped stage range on the step's thread, inside the step;
+- a GPU op belongs to a stage when its launching runtime call (same correlationId, same process)
+  starts inside one of that stage's ranges on the same thread;
+- every nanosecond of a step has exactly one owner: the stage of the earliest-launched GPU op
+  executing then (ops of the step's process attributed to some stage), else the innermost stage
+  range of the step's thread covering it, else `other`.
+"Innermost" is the covering range that started last (the deepest, for nested push/pop ranges).
+Everything is computed per elementary segment with ddprof.intervals, one thread or process at a
+time: no Python loop over ranges, ops or nanoseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ddprof.errors import DdprofError
+from ddprof.intervals import contains, covered_length, first_cover, segment_of, union
+from ddprof.load import DTOH, Trace
+from ddprof.stage_map import StageMap
+from engine.stages import STAGES, STEP
+
+OTHER = "other"
+OWNERS = (*STAGES, OTHER)  # who can own a nanosecond of a step; index = owner code
+_OTHER = len(STAGES)
+
+# Runtime calls during which the host thread waits for the GPU.
+SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# Copies that block the host until they finish when they go device -> host.
+BLOCKING_COPY_APIS = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyFromSymbol")
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """steps:        step_id, pid, tid, start, end, tokens (payloads of the marks that follow it)
+    stage_ranges: stage, name, step_id, pid, tid, start, end, wait_ns (inside sync calls)
+    gpu_ops:      the trace's GPU ops plus stage and step_id of the innermost stage range at launch
+    per_step:     one row per (step, owner): step_id, owner, count, cpu_ns, wait_ns, gpu_ns,
+                  crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op)
+    tokens:       sum of all token mark payloads (also those outside steps)
+    dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
+    """
+
+    source: Path
+    steps: pl.DataFrame
+    stage_ranges: pl.DataFrame
+    gpu_ops: pl.DataFrame
+    per_step: pl.DataFrame
+    tokens: int
+    dropped: dict[str, int]
+    has_gpu_activity: bool
+
+    def matrix(self, column: str) -> np.ndarray:
+        """A per_step column as an (steps, owners) array; per_step rows come in (step, owner) order."""
+        return self.per_step[column].to_numpy().reshape(self.steps.height, len(OWNERS))
+
+
+def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplete: bool = False) -> Attribution:
+    """Tie a trace's ranges, marks and GPU ops to steps and stages, and walk the critical path."""
+    stage_map = stage_map or StageMap.default()
+    dropped = _check_incomplete(trace, stage_map, drop_incomplete)
+    mapped = _in_map(trace.ranges, stage_map).with_columns(
+        target=pl.col("name").replace_strict(stage_map.ranges, return_dtype=pl.String))
+    steps = _steps(trace, stage_map, mapped)
+    stage_ranges = _stage_ranges(mapped, steps)
+    tokens, steps = _tokens(trace, stage_map, steps)
+    per_step, op_stage, op_step, wait_ns = _walk(trace, steps, stage_ranges)
+    attributed = pl.Series(op_step) >= 0
+    gpu_ops = trace.gpu_ops.with_columns(
+        stage=pl.when(attributed).then(pl.Series(op_stage).replace_strict(dict(enumerate(OWNERS)), default=None)),
+        step_id=pl.when(attributed).then(pl.Series(op_step)))
+    return Attribution(trace.source, steps, stage_ranges.with_columns(wait_ns=pl.Series(wait_ns)), gpu_ops, per_step,
+                       tokens, dropped, trace.has_gpu_activity)
+
+
+def _in_map(frame: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:
+    """Rows of the map's domain whose name the map knows: other domains never leak into stages."""
+    if stage_map.domain is not None:
+        frame = frame.filter(pl.col("domain") == stage_map.domain)
+    return frame.filter(pl.col("name").is_in(list(stage_map.ranges)))
+
+
+def _check_incomplete(trace: Trace, stage_map: StageMap, drop: bool) -> dict[str, int]:
+    bad = _in_map(trace.incomplete, stage_map)
+    counts = {"unclosed": int((bad["problem"] == "unclosed").sum()),
+              "cross_thread": int((bad["problem"] == "cross-thread").sum())}
+    if bad.height and not drop:
+        first = bad.row(0, named=True)
+        raise DdprofError(
+            f"{trace.source}: {counts['unclosed']} unclosed and {counts['cross_thread']} cross-thread "
+            f"step/stage ranges in {stage_map.describe()} (first: {first['name']!r} {first['problem']} on "
+            f"tid {first['tid']} at {first['start'] / 1e6:.3f} ms); pass --drop-incomplete to analyse the rest")
+    return counts
+
+
+def _steps(trace: Trace, stage_map: StageMap, mapped: pl.DataFrame) -> pl.DataFrame:
+    steps = (mapped.filter(pl.col("target") == STEP).sort("pid", "tid", "start")
+             .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("step_id"), "pid", "tid", "start", "end"))
+    if steps.height == 0:
+        raise DdprofError(_no_steps_message(trace, stage_map))
+    overlap = steps.filter(pl.col("start") < pl.col("end").shift(1).over("pid", "tid"))
+    if overlap.height:
+        row = overlap.row(0, named=True)
+        raise DdprofError(f"{trace.source}: {overlap.height} step ranges start before the previous step on "
+                          f"their thread ends (first on tid {row['tid']} at {row['start'] / 1e6:.3f} ms); "
+                          "steps must not nest or overlap")
+    return steps
+
+
+def _no_steps_message(trace: Trace, stage_map: StageMap) -> str:
+    step_names = sorted(name for name, target in stage_map.ranges.items() if target == STEP)
+    domains = sorted({d if d is not None else "<default>" for d in trace.ranges["domain"].unique().to_list()})
+    found = f"domains with ranges: {', '.join(domains)}" if domains else "the trace has no closed NVTX ranges"
+    return (f"{trace.source}: no step ranges ({' or '.join(map(repr, step_names))}) in {stage_map.describe()} "
+            f"({found}); for another engine's ranges pass --stage-map FILE")
+
+
+def _stage_ranges(mapped: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Stage ranges inside a step of their own thread (the step that starts last before them)."""
+    owners = steps.select("pid", "tid", "step_id", step_start="start", step_end="end").sort("step_start")
+    return (mapped.filter(pl.col("target") != STEP).sort("start")
+            .join_asof(owners, left_on="start", right_on="step_start", by=["pid", "tid"], strategy="backward",
+                       check_sortedness=False)
+            .filter(pl.col("step_id").is_not_null() & (pl.col("end") <= pl.col("step_end")))
+            .select(stage="target", name="name", step_id="step_id", pid="pid", tid="tid", start="start", end="end")
+            .sort("pid", "tid", "start"))
+
+
+def _tokens(trace: Trace, stage_map: StageMap, steps: pl.DataFrame) -> tuple[int, pl.DataFrame]:
+    """All token payloads, and each step's: the marks on its thread after it starts, before the next."""
+    marks = _in_map_marks(trace.marks, stage_map)
+    missing = int(marks["payload"].is_null().sum())
+    if missing:
+        raise DdprofError(f"{trace.source}: {missing} {stage_map.tokens!r} marks in {stage_map.describe()} "
+                          "carry no integer payload; tokens cannot be counted")
+    per_step = (marks.sort("time")
+                .join_asof(steps.select("pid", "tid", "step_id", step_start="start").sort("step_start"),
+                           left_on="time", right_on="step_start", by=["pid", "tid"], strategy="backward",
+                           check_sortedness=False)
+                .group_by("step_id").agg(tokens=pl.col("payload").sum()))
+    steps = (steps.join(per_step, on="step_id", how="left")
+             .with_columns(pl.col("tokens").fill_null(0)).sort("step_id"))
+    return int(marks["payload"].sum() or 0), steps
+
+
+def _in_map_marks(marks: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:
+    if stage_map.domain is not None:
+        marks = marks.filter(pl.col("domain") == stage_map.domain)
+    return marks.filter(pl.col("name") == stage_map.tokens)
+
+
+def _sync_calls(trace: Trace) -> pl.DataFrame:
+    """Runtime calls during which the host waits: synchronize calls and blocking D2H copies."""
+    dtoh = trace.gpu_ops.filter((pl.col("kind") == "memcpy") & (pl.col("copy_kind") == DTOH))
+    blocking_copy = (trace.runtime.filter(pl.col("api").is_in(BLOCKING_COPY_APIS))
+                     .join(dtoh.select("pid", "correlation_id"), on=["pid", "correlation_id"], how="semi"))
+    return pl.concat([trace.runtime.filter(pl.col("api").is_in(SYNC_APIS)), blocking_copy])
+
+
+def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
+    """Per-step totals per owner, each op's stage and step, and each stage range's wait time."""
+    n_steps, n_owners = steps.height, len(OWNERS)
+    stage_code = {name: code for code, name in enumerate(OWNERS)}
+    r_start, r_end = stage_ranges["start"].to_numpy(), stage_ranges["end"].to_numpy()
+    r_pid, r_tid = stage_ranges["pid"].to_numpy(), stage_ranges["tid"].to_numpy()
+    r_stage = stage_ranges["stage"].replace_strict(stage_code, return_dtype=pl.Int64).to_numpy()
+    r_step = stage_ranges["step_id"].to_numpy()
+
+    ops = trace.gpu_ops
+    o_start, o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
+    o_pid = ops["pid"].to_numpy()
+    o_tid = ops["launch_tid"].fill_null(-1).to_numpy()
+    o_launch = ops["launch_start"].fill_null(-1).to_numpy()
+    o_corr = ops["correlation_id"].to_numpy()
+    op_stage = np.full(ops.height, -1, np.int64)
+    op_step = np.full(ops.height, -1, np.int64)
+
+    sync = _sync_calls(trace)
+    s_start, s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
+    s_pid, s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
+
+    def cells(step, owner):
+        return np.bincount(step * n_owners + owner, minlength=n_steps * n_owners)
+
+    def sums(step, owner, weights):
+        return np.bincount(step * n_owners + owner, weights=weights, minlength=n_steps * n_owners)
+
+    wait = np.zeros(stage_ranges.height, np.int64)
+    gpu = np.zeros(n_steps * n_owners)
+    threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
+    host_cover = {}
+    # Pass 1, per thread: innermost stage range per segment; launches -> stages; waits in sync calls.
+    for pid, tid in threads:
+        mine = np.flatnonzero((r_pid == pid) & (r_tid == tid))
+        bounds, winner = first_cover(r_start[mine], r_end[mine], np.lexsort((r_end[mine], -r_start[mine])))
+        winner = np.where(winner >= 0, mine[winner], -1)  # latest-started covering range, as a row
+        host_cover[pid, tid] = (bounds, winner)
+        sync_here = union(*(a[(s_pid == pid) & (s_tid == tid)] for a in (s_start, s_end)))
+        wait[mine] = covered_length(*sync_here, r_start[mine], r_end[mine])
+
+        launched = np.flatnonzero((o_pid == pid) & (o_tid == tid))
+        at_launch = segment_of(bounds, winner, o_launch[launched])
+        hit = at_launch >= 0
+        op_stage[launched[hit]] = r_stage[at_launch[hit]]
+        op_step[launched[hit]] = r_step[at_launch[hit]]
+        for code in range(len(STAGES)):  # an op counts for every stage with a range around its launch
+            of_stage = mine[r_stage[mine] == code]
+            inside = launched[contains(*union(r_start[of_stage], r_end[of_stage]), o_launch[launched])]
+            gpu += sums(op_step[inside], np.full(inside.size, code), o_end[inside] - o_start[inside])
+
+    # Pass 2, per process: the earliest-launched attributed op running in each segment.
+    device_cover = {}
+    for pid in {pid for pid, _ in threads}:
+        attributed = np.flatnonzero((o_pid == pid) & (op_stage >= 0))
+        earliest_first = np.lexsort((o_start[attributed], o_corr[attributed], o_launch[attributed]))
+        bounds, winner = first_cover(o_start[attributed], o_end[attributed], earliest_first)
+        device_cover[pid] = (bounds, np.where(winner >= 0, op_stage[attributed[winner]], -1))
+
+    # Pass 3, per thread: walk each step's elementary segments and give each to its owner.
+    crit = np.zeros(n_steps * n_owners)
+    crit_gpu = np.zeros(n_steps * n_owners)
+    step_pid, step_tid = steps["pid"].to_numpy(), steps["tid"].to_numpy()
+    step_start, step_end = steps["start"].to_numpy(), steps["end"].to_numpy()
+    stage_or_other = np.append(r_stage, _OTHER)
+    for pid, tid in threads:
+        ids = np.flatnonzero((step_pid == pid) & (step_tid == tid))  # sorted by start, disjoint
+        starts, ends = step_start[ids], step_end[ids]
+        host_bounds, host_winner = host_cover[pid, tid]
+        device_bounds, device_stage = device_cover[pid]
+        lo, hi = starts[0], ends[-1]
+        cuts = np.unique(np.concatenate([
+            starts, ends, host_bounds[(host_bounds > lo) & (host_bounds < hi)],
+            device_bounds[(device_bounds > lo) & (device_bounds < hi)]]))
+        seg, length = cuts[:-1], np.diff(cuts)
+        k = np.searchsorted(starts, seg, side="right") - 1
+        in_step = (k >= 0) & (seg < ends[np.clip(k, 0, None)])
+        seg, length, step = seg[in_step], length[in_step], ids[k[in_step]]
+        on_device = segment_of(device_bounds, device_stage, seg)
+        host_range = segment_of(host_bounds, host_winner, seg)
+        on_host = stage_or_other[host_range]  # -1 (no covering range) picks the trailing `other`
+        owner = np.where(on_device >= 0, on_device, on_host)
+        crit += sums(step, owner, length)
+        crit_gpu += sums(step, owner, np.where(on_device >= 0, length, 0))
+
+    per_step = pl.DataFrame({
+        "step_id": np.repeat(np.arange(n_steps), n_owners),
+        "owner": np.tile(np.asarray(OWNERS, dtype=object), n_steps).tolist(),
+        "count": cells(r_step, r_stage),
+        "cpu_ns": sums(r_step, r_stage, r_end - r_start).astype(np.int64),
+        "wait_ns": sums(r_step, r_stage, wait).astype(np.int64),
+        "gpu_ns": gpu.astype(np.int64),
+        "crit_ns": crit.astype(np.int64),
+        "crit_gpu_ns": crit_gpu.astype(np.int64),
+    }, schema_overrides={"step_id": pl.Int64, "owner": pl.String, "count": pl.Int64})
+    return per_step, op_stage, op_step, wait

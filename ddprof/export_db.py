@@ -1,0 +1,124 @@
+"""Open an Nsight Systems export for reading: the input checks, and columns read by name.
+
+Users hand ddprof a `.sqlite` export or a `.nsys-rep` report. Every way that input can be wrong
+(missing, a folder, not SQLite, cut short by a failed copy, no NVTX table, a report from a newer
+nsys) becomes one DdprofError naming the file. Queries only ever name columns that exist, because
+nsys versions add and drop columns and create tables lazily (absent when empty).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+from ddprof.errors import DdprofError
+from ddprof.nsys import export_sqlite
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def resolve_export(path: Path) -> Path:
+    """The SQLite export to read for `path`: itself, or the export of a `.nsys-rep`.
+
+    A report's sibling `.sqlite` is used when present (a report from a newer nsys can only be
+    exported where it was captured); otherwise the local nsys exports it beside the report, or
+    into a temporary folder when the report's folder is read-only.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DdprofError(f"{path}: no such file")
+    if not path.is_file():
+        raise DdprofError(f"{path}: not a file")
+    if path.suffix == ".nsys-rep":
+        sibling = path.with_suffix(".sqlite")
+        if sibling.is_file():
+            return sibling
+        if os.access(path.parent, os.W_OK):
+            return export_sqlite(path)
+        return export_sqlite(path, Path(tempfile.mkdtemp(prefix="ddprof-export-")) / sibling.name)
+    return path
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse non-SQLite and truncated files before sqlite3 gives a vaguer answer mid-query."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        header = f.read(100)
+    if not header.startswith(SQLITE_MAGIC):
+        raise DdprofError(f"{path}: not an SQLite file (expected an nsys SQLite export or a .nsys-rep report)")
+    if len(header) < 100:
+        raise DdprofError(f"{path}: truncated SQLite file ({size} bytes, shorter than its header)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    page_count = int.from_bytes(header[28:32], "big")
+    count_is_valid = header[24:28] == header[92:96]  # the in-header size is trusted only then
+    if count_is_valid and size < page_size * page_count:
+        raise DdprofError(f"{path}: truncated SQLite file ({size} of {page_size * page_count} bytes)")
+
+
+class ExportDb:
+    """A read-only connection to one export, which knows its tables and their columns."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        _check_sqlite_file(self.path)
+        self._db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise DdprofError(f"{self.path}: unreadable SQLite file ({exc})") from None
+        self.tables = {name for (name,) in rows}
+        self._columns: dict[str, set[str]] = {}
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ExportDb:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def columns(self, table: str) -> set[str]:
+        """Column names of `table` (empty when the table is absent)."""
+        if table not in self._columns:
+            if table in self.tables:
+                rows = self._db.execute(f'PRAGMA table_info("{table}")').fetchall()
+                self._columns[table] = {row[1] for row in rows}
+            else:
+                self._columns[table] = set()
+        return self._columns[table]
+
+    def col(self, table: str, alias: str, column: str) -> str:
+        """`alias.column` when the column exists, else SQL NULL: a query that reads by name."""
+        return f"{alias}.{column}" if column in self.columns(table) else "NULL"
+
+    def first_col(self, table: str, alias: str, columns: tuple[str, ...]) -> str:
+        """coalesce() over whichever of `columns` exist, in order (NULL when none does)."""
+        present = [f"{alias}.{c}" for c in columns if c in self.columns(table)]
+        if not present:
+            return "NULL"
+        return present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"
+
+    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        """Run `sql` and return its rows as a frame with exactly `schema` (names and types)."""
+        try:
+            cursor = self._db.execute(sql)
+            batches = []
+            while rows := cursor.fetchmany(250_000):
+                batches.append(pl.DataFrame(rows, schema=schema, orient="row"))
+        except sqlite3.DatabaseError as exc:
+            raise DdprofError(f"{self.path}: unreadable SQLite export ({exc})") from None
+        return pl.concat(batches) if batches else pl.DataFrame(schema=schema)
+
+    def scalar(self, sql: str):
+        try:
+            row = self._db.execute(sql).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise DdprofError(f"{self.path}: unreadable SQLite export ({exc})") from None
+        return row[0] if row else None

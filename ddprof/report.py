@@ -1,0 +1,110 @@
+"""How breakdown and compare results look in a terminal: rich tables and a progress bar.
+
+Only presentation lives here; every number comes from ddprof.analysis / ddprof.compare, so the
+table and `--json` can never disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from rich import box
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+
+@contextmanager
+def phases(total: int):
+    """A transient progress bar on stderr over `total` named phases; yields `advance(label)`."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
+    with progress:
+        task = progress.add_task("", total=total)
+        done = iter(range(total))
+
+        def advance(label: str) -> None:  # a new phase starts: the previous ones are complete
+            progress.update(task, description=label, completed=next(done, total))
+
+        yield advance
+        progress.update(task, completed=total)
+
+
+def _num(value, fmt: str | None = None) -> str:
+    """Numbers spanning microseconds to minutes, readable at a glance; n/a for unknown."""
+    if value is None:
+        return "n/a"
+    if fmt:
+        return fmt.format(value)
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    return table
+
+
+def breakdown_view(summary: dict) -> Group:
+    """The headline, the per-stage tables and any warnings of one breakdown."""
+    rate = _num(summary["tok_per_s"], "{:.1f} tok/s")
+    bound = next(s for s in summary["stages"] if s["stage"] == summary["bound_by"])
+    headline = Text.assemble(
+        (f"{summary['source']}\n", "bold"),
+        f"{summary['steps']} steps · {summary['tokens']} tokens · {summary['wall_s']:.3f} s wall · {rate} · ",
+        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
+    totals = _table("time per stage, ms over all steps (crit: critical-path time the stage owns)",
+                    ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
+    detail = _table("host wait vs busy, crit ms per step, and tok/s if the stage cost nothing / only its GPU time",
+                    ("stage", "wait ms", "busy ms", "p50", "p90", "p99", "tok/s if free", "if GPU-only"))
+    for s in summary["stages"]:
+        style = "bold" if s["stage"] == summary["bound_by"] else None
+        totals.add_row(s["stage"], str(s["count"]), _num(s["cpu_ms"]), _pct(s["cpu_share"]), _num(s["gpu_ms"]),
+                       _num(s["crit_ms"]), _pct(s["crit_share"]), style=style)
+        dist, what_if = s["per_step"]["crit_ms"], s["what_if"]
+        detail.add_row(s["stage"], _num(s["wait_ms"]), _num(s["busy_ms"]), _num(dist["p50"]), _num(dist["p90"]),
+                       _num(dist["p99"]), _num(what_if["tok_per_s_if_free"], "{:.1f}"),
+                       _num(what_if["tok_per_s_if_gpu_only"], "{:.1f}"), style=style)
+    totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
+                   style="dim")
+    notes = []
+    if not summary["gpu_activity"]:
+        notes.append("no GPU activity in this trace: gpu, wait and busy are n/a")
+    dropped = summary["dropped_ranges"]
+    if dropped["unclosed"] or dropped["cross_thread"]:
+        notes.append(f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread "
+                     "step/stage ranges (--drop-incomplete)")
+    return Group(headline, totals, detail, *(Text(f"note: {n}", style="yellow") for n in notes))
+
+
+def compare_view(result: dict) -> Group:
+    """Both runs' headlines, the tok/s ratio and the per-stage deltas with their intervals."""
+    conf = f"{result['confidence'] * 100:.0f}%"
+    lines = [Text.assemble((f"{label.upper()}: ", "bold"), f"{run['source']} · {run['steps']} steps · "
+                           f"{_num(run['tok_per_s'], '{:.1f} tok/s')} · bound by ", (run["bound_by"], "bold"))
+             for label, run in (("a", result["a"]), ("b", result["b"]))]
+    ratio = _num(result["tok_per_s_ratio"], "{:.3f}")
+    ci = result["tok_per_s_ratio_ci"]
+    ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+    lines.append(Text(f"tok/s ratio B/A: {ratio}{ci_text} ({conf} CI, {result['resamples']} resamples of steps)"))
+    table = _table(f"ms per step, B - A [{conf} bootstrap CI]",
+                   ("stage", "crit A", "crit B", "crit Δ", "cpu Δ", "gpu Δ", "crit share A → B"))
+
+    def delta(row: dict, metric: str) -> str:
+        value, interval = row[f"{metric}_delta"], row[f"{metric}_delta_ci"]
+        if value is None:
+            return "n/a"
+        return f"{_num(value)} [{_num(interval[0])}, {_num(interval[1])}]"
+
+    for row in result["stages"]:
+        table.add_row(row["stage"], _num(row["a_crit_ms_per_step"]), _num(row["b_crit_ms_per_step"]),
+                      delta(row, "crit_ms_per_step"), delta(row, "cpu_ms_per_step"), delta(row, "gpu_ms_per_step"),
+                      f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
+    return Group(*lines, table)

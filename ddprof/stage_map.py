@@ -1,0 +1,75 @@
+"""Which NVTX ranges are steps and stages: the engine's own contract, or a user's `--stage-map FILE`.
+
+The analysis never names `ddtree` or a stage string itself; it asks a StageMap. The default map
+is built from engine/stages.py (the contract the engine emits). A stage-map file lets the toolkit
+read other engines' traces (e.g. SGLang's ranges) by mapping their range names onto the six
+stages and `step`, in JSON or TOML:
+
+    domain = "sglang"            # optional: only ranges and marks of this NVTX domain; absent: any
+    tokens = "tokens"            # optional: the mark whose integer payload counts tokens
+    [ranges]                     # range name -> step or one of the six stages
+    decode_step = "step"
+    draft_extend = "draft"
+    target_verify = "verify"
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddprof.errors import DdprofError
+from engine.stages import DOMAIN, STAGES, STEP, TOKENS_MARK
+
+TARGETS = (STEP, *STAGES)
+
+
+@dataclass(frozen=True)
+class StageMap:
+    """domain: the NVTX domain read (None: every domain); ranges: range name -> STEP or a stage;
+    tokens: the mark name whose payloads are generated tokens; source: the file, None for the default."""
+
+    domain: str | None
+    ranges: dict[str, str]
+    tokens: str = TOKENS_MARK
+    source: Path | None = field(default=None, compare=False)
+
+    @classmethod
+    def default(cls) -> StageMap:
+        return cls(DOMAIN, {name: name for name in TARGETS})
+
+    @classmethod
+    def from_file(cls, path: Path) -> StageMap:
+        path = Path(path)
+        if not path.is_file():
+            raise DdprofError(f"{path}: stage map not found")
+        text = path.read_text()
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            kind = "TOML" if path.suffix == ".toml" else "JSON"
+            raise DdprofError(f"{path}: stage map is not valid {kind} ({exc})") from None
+        if not isinstance(data, dict):
+            raise DdprofError(f"{path}: stage map must be an object with a `ranges` table")
+        unknown = set(data) - {"domain", "tokens", "ranges"}
+        if unknown:
+            raise DdprofError(f"{path}: unknown stage map keys {sorted(unknown)} (allowed: domain, tokens, ranges)")
+        ranges = data.get("ranges")
+        if not isinstance(ranges, dict) or not ranges:
+            raise DdprofError(f"{path}: stage map needs a `ranges` table mapping range names to step or a stage")
+        for name, target in ranges.items():
+            if target not in TARGETS:
+                raise DdprofError(f"{path}: range {name!r} maps to {target!r}, not one of {', '.join(TARGETS)}")
+        if STEP not in ranges.values():
+            raise DdprofError(f"{path}: stage map maps no range to {STEP!r}; steps are what the analysis counts")
+        for key in ("domain", "tokens"):
+            if key in data and not isinstance(data[key], str):
+                raise DdprofError(f"{path}: stage map `{key}` must be a string")
+        return cls(data.get("domain"), dict(ranges), data.get("tokens", TOKENS_MARK), path)
+
+    def describe(self) -> str:
+        """How error messages name what was looked for."""
+        where = f"NVTX domain {self.domain!r}" if self.domain is not None else "any NVTX domain"
+        return where + (f" (stage map {self.source})" if self.source else "")
