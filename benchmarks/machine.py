@@ -1,0 +1,41 @@
+"""What a benchmark ran on (GPU, CPU, library versions) and how its result file is written."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+import triton
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe() -> dict:
+    gpu = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {
+        "gpu": gpu.name if gpu else None,
+        "gpu_sms": gpu.multi_processor_count if gpu else None,
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def write_result(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {path}")

@@ -1,0 +1,56 @@
+"""kv_compact vs `engine.kv_cache.compact_accepted`: the cache must end up exactly equal.
+
+Unmarked tests run the kernel in the Triton interpreter on the CPU (float32 and bfloat16 caches:
+rows are copied, so every dtype must match bit for bit); the `gpu` test runs it compiled on CUDA
+with the K2 row width (576) in bfloat16, bs 64, L 15.
+"""
+
+import pytest
+import torch
+
+from engine.kv_cache import compact_accepted
+from triton_kernels.kv_compact import kv_compact
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def random_paths(bs, depth, budget, generator):
+    """Increasing node indices (>= their step) as tree paths are, with random accept lengths."""
+    accepted = torch.full((bs, depth), -1, dtype=torch.int64)
+    accept_len = torch.randint(0, depth + 1, (bs,), generator=generator)
+    for b in range(bs):
+        n = int(accept_len[b])
+        accepted[b, :n] = torch.randperm(budget, generator=generator)[:n].sort().values
+    return accepted, accept_len
+
+
+def assert_same(layers, n_slots, max_len, dim, bs, depth, budget, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    kv = torch.randn(layers, n_slots, max_len, dim, generator=gen).to(dtype)
+    slots = torch.randperm(n_slots, generator=gen)[:bs]
+    prefix_lens = torch.randint(0, max_len - budget - 1, (bs,), generator=gen)
+    accepted, accept_len = random_paths(bs, depth, budget, gen)
+    want = kv.clone()
+    compact_accepted(want, slots, prefix_lens, accepted, accept_len)
+    got = kv.to(DEVICE)
+    kv_compact(got, *(t.to(DEVICE) for t in (slots, prefix_lens, accepted, accept_len)))
+    assert torch.equal(got.cpu(), want)
+    return accept_len
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(dtype):
+    assert_same(layers=2, n_slots=5, max_len=40, dim=200, bs=4, depth=5, budget=12, dtype=dtype, seed=1)
+
+
+def test_overlapping_moves_read_before_write():
+    kv = torch.arange(10.0).reshape(1, 1, 10, 1).to(DEVICE)
+    kv_compact(kv, *(torch.tensor(x, device=DEVICE) for x in ([0], [0], [[1, 2]], [2])))
+    assert kv.flatten().tolist()[:3] == [0.0, 2.0, 3.0]
+
+
+@pytest.mark.gpu
+def test_matches_reference_k2_rows_on_gpu():
+    for seed in range(3):
+        assert_same(layers=4, n_slots=80, max_len=600, dim=576, bs=64, depth=15, budget=32,
+                    dtype=torch.bfloat16, seed=seed)
