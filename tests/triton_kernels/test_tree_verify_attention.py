@@ -1,0 +1,122 @@
+"""tree_verify_attention vs a float64 per-query reference and vs `engine.attention.tree_attention`.
+
+Where each dtype runs: in the Triton interpreter on the CPU the kernel gets float32 inputs (bf16
+`tl.dot` is broken there), float32 products in IEEE mode, so it must match float64 to ~1e-5.
+The `gpu` tests run the compiled kernel at K2 dims (64 heads, 512 latent + 64 rope) on bfloat16
+inputs against the float64 reference (relative error <= 1e-2), plus float32 inputs (<= 1e-5).
+Both tiers also check that a tree node's output is bit-identical to plain decoding of its path.
+"""
+
+import pytest
+import torch
+
+from engine.attention import tree_attention
+from engine.tree import build_tree_cpu
+from triton_kernels.tree_verify_attention import tree_verify_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def block_mask(bs, budget, generator):
+    """[bs, 1 + budget, 1 + budget] masks of real DDTree trees (root column all True)."""
+    lq = torch.log_softmax(torch.randn(bs, 6, 8, generator=generator), -1).sort(-1, descending=True).values
+    vis = build_tree_cpu(lq, torch.randint(0, 50, (bs, 6, 8), generator=generator), budget).visibility
+    mask = torch.zeros(bs, budget + 1, budget + 1, dtype=torch.bool)
+    mask[:, :, 0] = True
+    mask[:, 1:, 1:] = vis
+    return mask
+
+
+def make_inputs(prefix_lens, budget, heads, latent, rope, seed, n_slots=None, max_len=None):
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(prefix_lens)
+    n_slots = n_slots or bs + 2
+    max_len = max_len or max(prefix_lens) + budget + 1
+    q = torch.randn(bs, budget + 1, heads, latent + rope, generator=gen)
+    kv = torch.randn(n_slots, max_len, latent + rope, generator=gen)
+    slots = torch.randperm(n_slots, generator=gen)[:bs]
+    mask = block_mask(bs, budget, gen) if budget else torch.ones(bs, 1, 1, dtype=torch.bool)
+    return q, kv, slots, torch.tensor(prefix_lens), mask
+
+
+def float64_reference(q, kv, slots, prefix_lens, mask, scale, latent):
+    """Per query: softmax over its visible rows in float64 (on q's device), then the latent values."""
+    q, kv = q.double(), kv.double()
+    out = torch.zeros(*q.shape[:3], latent, dtype=torch.float64, device=q.device)
+    for b in range(q.shape[0]):
+        p = int(prefix_lens[b])
+        for t in range(q.shape[1]):
+            rows = torch.cat([torch.arange(p), p + mask[b, t].nonzero().flatten().cpu()])
+            keys = kv[int(slots[b]), rows.to(kv.device)]
+            out[b, t] = torch.softmax(q[b, t] @ keys.T * scale, -1) @ keys[:, :latent]
+    return out
+
+
+def rel_error(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def run(inputs, scale, latent, dtype, **kw):
+    q, kv, slots, prefix, mask = inputs
+    return tree_verify_attention(q.to(DEVICE, dtype), kv.to(DEVICE, dtype), slots.to(DEVICE), prefix.to(DEVICE),
+                                 mask.to(DEVICE), scale, latent, **kw)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("prefix_lens,budget", [([0, 5, 70], 6), ([40], 0), ([33, 2], 10)])
+def test_float32_matches_float64_reference(prefix_lens, budget, splits):
+    inputs = make_inputs(prefix_lens, budget, heads=4, latent=32, rope=16, seed=budget + splits)
+    got = run(inputs, 0.3, 32, torch.float32, num_splits=splits)
+    assert got.shape == (len(prefix_lens), budget + 1, 4, 32) and got.dtype == torch.float32
+    assert rel_error(got.cpu(), float64_reference(*inputs, 0.3, 32)) < 1e-5
+    assert rel_error(got.cpu(), tree_attention(*inputs, 0.3, 32).double()) < 1e-5
+
+
+def node_equals_plain_decode(heads, latent, rope, prefix, budget, dtype, splits, seed):
+    """Verify a tree, then decode each node's path alone from a compacted copy: outputs must be equal."""
+    q, kv, slots, prefix_lens, mask = make_inputs([prefix], budget, heads, latent, rope, seed, n_slots=2)
+    slot = int(slots[0])
+    tree_out = run((q, kv, slots, prefix_lens, mask), 0.2, latent, dtype, num_splits=splits)
+    for t in range(budget + 1):
+        path = mask[0, t].nonzero().flatten()
+        plain_kv = kv.clone()
+        plain_kv[1 - slot, :prefix] = kv[slot, :prefix]
+        plain_kv[1 - slot, prefix:prefix + len(path)] = kv[slot, prefix + path]
+        plain = run((q[:, t:t + 1], plain_kv, torch.tensor([1 - slot]), torch.tensor([prefix + len(path) - 1]),
+                     torch.ones(1, 1, 1, dtype=torch.bool)), 0.2, latent, dtype, num_splits=splits)
+        assert torch.equal(plain[0, 0], tree_out[0, t]), f"node {t} differs from plain decode of its path"
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_node_equals_plain_decode_of_its_path_bitwise(splits):
+    node_equals_plain_decode(heads=4, latent=32, rope=16, prefix=45, budget=9, dtype=torch.float32,
+                             splits=splits, seed=splits)
+
+
+def test_bad_shapes_are_refused():
+    q, kv, slots, prefix, mask = make_inputs([3], 2, heads=2, latent=32, rope=16, seed=0)
+    with pytest.raises(ValueError, match="v_dim 24"):
+        tree_verify_attention(q, kv, slots, prefix, mask, 0.1, 24)
+    with pytest.raises(ValueError, match="tree_mask"):
+        tree_verify_attention(q, kv, slots, prefix, mask[:, :2, :2], 0.1, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("prefix_lens,budget", [([4096, 17, 1000, 2500], 32), ([5000], 0), ([1, 700, 3000], 8)])
+def test_k2_dims_match_float64_on_gpu(prefix_lens, budget, dtype, tolerance):
+    inputs = make_inputs(prefix_lens, budget, heads=64, latent=512, rope=64, seed=budget)
+    inputs = tuple(x.to(DEVICE) for x in inputs)
+    want = float64_reference(*inputs, 0.07, 512)
+    if dtype == torch.bfloat16:  # the reference sees the same rounded inputs
+        want = float64_reference(*(x.to(dtype) if x.is_floating_point() else x for x in inputs), 0.07, 512)
+    for splits in (None, 1, 5):
+        got = run(inputs, 0.07, 512, dtype, num_splits=splits)
+        assert got.dtype == dtype and rel_error(got, want) <= tolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4])
+def test_k2_node_equals_plain_decode_bitwise_on_gpu(splits):
+    node_equals_plain_decode(heads=64, latent=512, rope=64, prefix=3000, budget=16, dtype=torch.bfloat16,
+                             splits=splits, seed=splits)

@@ -1,0 +1,185 @@
+"""Absorbed-MLA attention for DDTree verify (and plain decode, T = 1) over the latent KV cache.
+
+Reference: `engine.attention.tree_attention` (same contract). One program serves one query token
+of one request: all its H heads are the rows of the tile (MLA is multi-query: every head reads
+the same 576-wide latent row), so each key row fetched is used H times and the two products per
+key chunk (q.k over the 512 latent + 64 rope dims, then p.v over the 512 latent dims) run on the
+tensor cores.
+
+Like the reference, a query visits its visible rows in *position order* in fixed chunks of
+`BLOCK_N` keys: the prefix rows 0..P-1, then its visible tree-block rows (its ancestors and
+itself) gathered into consecutive virtual positions. A node's output therefore depends only on
+the rows it sees and where they would sit in plain decoding, not on the shape of its tree or on
+the batch: verify and plain decode of the same path take the same path through the kernel.
+
+Long prefixes: the key range of every query is cut into `num_splits` equal parts (rounded to
+whole chunks), each a program; a second kernel merges the partial softmax states in split order.
+The split count is an argument: the same count gives the same bits whatever the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 32  # keys per chunk (and per tensor-core product)
+BLOCK_H_COMBINE = 16
+
+
+@triton.jit
+def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale,
+                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk of online softmax (base 2) for all heads of one query."""
+    k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
+    k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
+    s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
+    s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
+                        max_len, qk_scale,
+                        T: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr, DV: tl.constexpr,
+                        DR: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+    query = tl.program_id(0).to(tl.int64)  # b * T + t
+    split = tl.program_id(1)
+    b = query // T
+    D: tl.constexpr = DV + DR
+    heads = tl.arange(0, BLOCK_H)
+    real_head = heads < H
+
+    q_rows = q_ptr + (query * H + heads)[:, None] * D
+    q_nope = tl.load(q_rows + tl.arange(0, DV)[None, :], mask=real_head[:, None], other=0.0)
+    q_rope = tl.load(q_rows + DV + tl.arange(0, DR)[None, :], mask=real_head[:, None], other=0.0)
+    q_nope = q_nope.to(kv_ptr.dtype.element_ty)
+    q_rope = q_rope.to(kv_ptr.dtype.element_ty)
+
+    # Visible block columns of this query, in increasing order = virtual positions P, P+1, ...
+    cols = tl.arange(0, T_PAD)
+    visible = tl.load(mask_ptr + query * T + cols, mask=cols < T, other=0) != 0
+    rank = tl.cumsum(visible.to(tl.int32), 0)  # 1-based order among visible columns
+    prefix = tl.load(prefix_ptr + b).to(tl.int32)
+    n_keys = prefix + tl.sum(visible.to(tl.int32), 0)
+    span = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * span
+    hi = tl.minimum(lo + span, n_keys)
+    tail_start = (prefix // BLOCK_N) * BLOCK_N  # first chunk that may hold tree-block rows
+
+    rows_base = kv_ptr + tl.load(slots_ptr + b) * max_len * D
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    offs = tl.arange(0, BLOCK_N)
+    for start in range(lo, tl.minimum(hi, tail_start), BLOCK_N):
+        pos = start + offs
+        m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + pos.to(tl.int64) * D, pos < hi,
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
+    for start in range(tl.maximum(lo, tail_start), hi, BLOCK_N):
+        pos = start + offs
+        nth = pos - prefix + 1  # for block positions: which visible column (1-based)
+        col = tl.sum(tl.where(visible[None, :] & (rank[None, :] == nth[:, None]), cols[None, :], 0), 1)
+        rows = tl.where(pos < prefix, pos, prefix + col)
+        m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + rows.to(tl.int64) * D, pos < hi,
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
+
+    dv = tl.arange(0, DV)
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=real_head[:, None])
+    else:
+        part = (query * NUM_SPLITS + split) * H + heads
+        tl.store(ws_acc_ptr + part[:, None] * DV + dv[None, :], acc, mask=real_head[:, None])
+        tl.store(ws_m_ptr + part, m_i, mask=real_head)
+        tl.store(ws_l_ptr + part, l_i, mask=real_head)
+
+
+@triton.jit
+def _combine_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
+                           NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Merge the splits' (max, sum, weighted values) in split order; empty splits weigh 0."""
+    query = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    real_head = heads < H
+    dv = tl.arange(0, DV)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    for split in range(NUM_SPLITS):
+        part = (query * NUM_SPLITS + split) * H + heads
+        m_s = tl.load(ws_m_ptr + part, mask=real_head, other=0.0)
+        l_s = tl.load(ws_l_ptr + part, mask=real_head, other=0.0)
+        acc_s = tl.load(ws_acc_ptr + part[:, None] * DV + dv[None, :], mask=real_head[:, None], other=0.0)
+        m_new = tl.maximum(m, m_s)  # split 0 always holds keys, so m_new is finite
+        alpha = tl.exp2(m - m_new)
+        beta = tl.exp2(m_s - m_new)
+        l = l * alpha + l_s * beta
+        acc = acc * alpha[:, None] + acc_s * beta[:, None]
+        m = m_new
+    out = acc / tl.where(real_head, l, 1.0)[:, None]
+    tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=real_head[:, None])
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU once, but no split shorter than 1024 keys of cache."""
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
+    return max(1, min(triton.cdiv(sms, bs * T), max_len // 1024))
+
+
+def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.Tensor,
+                          tree_mask: torch.Tensor, scale: float, v_dim: int, *,
+                          num_splits: int | None = None, block_n: int = BLOCK_N, num_warps: int = 8,
+                          num_stages: int = 2) -> torch.Tensor:
+    """Same contract as `engine.attention.tree_attention`; returns o [bs, T, H, v_dim] in q's dtype.
+
+    q is cast to kv's dtype for the tensor-core products (accumulation is float32). `num_splits`
+    defaults to `default_num_splits`; fix it to make results independent of the batch shape.
+    """
+    bs, T, H, D = q.shape
+    rope = D - v_dim
+    if kv.dim() != 3 or kv.shape[-1] != D:
+        raise ValueError(f"tree_verify_attention: kv {tuple(kv.shape)} must be [n_slots, max_len, {D}]")
+    if tree_mask.shape != (bs, T, T):
+        raise ValueError(f"tree_verify_attention: tree_mask {tuple(tree_mask.shape)} must be [{bs}, {T}, {T}]")
+    for name, dim in (("v_dim", v_dim), ("rope dim", rope)):
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError(f"tree_verify_attention: {name} {dim} must be a power of two >= 16")
+    out = torch.empty(bs, T, H, v_dim, dtype=q.dtype, device=q.device)
+    if bs == 0:
+        return out
+    splits = num_splits or default_num_splits(bs, T, kv.shape[1], q.device)
+    if splits > 1:
+        ws_acc = torch.empty(bs * T * splits * H * v_dim, dtype=torch.float32, device=q.device)
+        ws_m = torch.empty(bs * T * splits * H, dtype=torch.float32, device=q.device)
+        ws_l = torch.empty_like(ws_m)
+    else:
+        ws_acc = ws_m = ws_l = out  # unused
+    precision = "ieee" if kv.dtype == torch.float32 else "tf32"
+    _tree_verify_kernel[(bs * T, splits)](
+        q.contiguous(), kv.contiguous(), slots.contiguous(), prefix_lens.contiguous(), tree_mask.contiguous(),
+        out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
+        T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
+        T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages)
+    if splits > 1:
+        _combine_splits_kernel[(bs * T, triton.cdiv(H, BLOCK_H_COMBINE))](
+            ws_acc, ws_m, ws_l, out, H=H, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4)
+    return out
