@@ -38,4 +38,4 @@ def describe() -> dict:
 def write_result(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", flush=True)

@@ -124,6 +124,10 @@ def main() -> None:
     decode_cfg, tried = pick_config(make_point(4096, 64, 0, gen), "decode")
     verify_cfg, tried_verify = pick_config(make_point(4096, 8, 32, gen), "verify")
     rows = []
+    result = {"benchmark": "verify_attention", "machine": describe(), "ceilings": peak,
+              "config_decode": dict(zip(("block_n", "num_warps", "num_stages"), decode_cfg)),
+              "config_verify": dict(zip(("block_n", "num_warps", "num_stages"), verify_cfg)),
+              "config_sweep": tried + tried_verify, "rows": rows}
     for prefix in ((4096,) if args.quick else PREFIXES):
         for bs in BATCHES:
             for budget in BUDGETS:
@@ -149,10 +153,7 @@ def main() -> None:
                 print(f"P={prefix:>5} bs={bs:>2} B={budget:>2}: {ms:8.3f} ms {r['tflops']:6.1f} TF/s "
                       f"{r['gbps']:6.0f} GB/s floor {floor_ms:7.3f} ({r['bound'][:3]}) {r['of_floor']:5.0%} "
                       f"torch {torch_ms:8.3f} ms x{r['vs_torch']:5.1f} err {err:.1e}", flush=True)
-    write_result(args.out, {"benchmark": "verify_attention", "machine": describe(), "ceilings": peak,
-                            "config_decode": dict(zip(("block_n", "num_warps", "num_stages"), decode_cfg)),
-                            "config_verify": dict(zip(("block_n", "num_warps", "num_stages"), verify_cfg)),
-                            "config_sweep": tried + tried_verify, "rows": rows})
+                write_result(args.out, result)  # after every point, so a cut-short run keeps its rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,177 @@
+"""`ddprof breakdown --json` on a huge export, against `nsys stats --report nvtxsum` on the same file.
+
+Writes a synthetic export in the nsys 2022.4 schema (the writer the tests use): 1,000,000 NVTX
+ranges (steps of six stage ranges each, plus a prefill range), 1,000,000 kernels with their
+1,000,000 launching runtime calls, and a `tokens` mark per step. Stage durations, gaps and kernel
+lengths are random; kernels queue on one stream, so many run on into the next stage. Both tools
+then run as separate processes, one after the other on the same file; the script records each
+one's wall time and peak memory (max RSS from wait4) and checks the answers: breakdown's steps
+and tokens against what was written, and nvtxsum's total `step` time against breakdown's.
+Goal (issue 4): under 20 s and 4 GB, and faster than nvtxsum. Run from the repo root:
+
+    python benchmarks/breakdown_scale.py [--ranges N] [--out FILE] [--keep-export FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
+from ddprof.nsys import find_nsys  # noqa: E402
+from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK  # noqa: E402
+from tests.ddprof.exports import (DOMAIN_CREATE, MARK, PUSH_POP, global_pid, global_tid,  # noqa: E402
+                                  write_tables)
+
+PID = TID = 4242
+RANGES_PER_STEP = 1 + len(STAGES)
+KERNELS_PER_STEP = len(STAGES) + 1  # one per stage, and a second one in the last stage
+
+
+def synthetic_export(path: Path, n_ranges: int, seed: int = 0) -> dict:
+    """Write the export; return what it holds (steps, tokens, ranges, kernels, summed step ns)."""
+    rng = np.random.default_rng(seed)
+    n_steps = (n_ranges - 1) // RANGES_PER_STEP
+    n_stages = len(STAGES)
+    strings = {name: i + 1 for i, name in enumerate((STEP, PREFILL, TOKENS_MARK, *STAGES, "cudaLaunchKernel_v7000",
+                                                     "ddtree_stage_kernel"))}
+    # Times (ns): prefill, then steps: six back-to-back stages, a tail of `other`, a gap to the next.
+    stage_ns = rng.integers(5_000, 15_000, (n_steps, n_stages))
+    tail_ns = rng.integers(0, 10_000, n_steps)
+    gap_ns = rng.integers(1_000, 5_000, n_steps)
+    step_ns = stage_ns.sum(axis=1) + tail_ns
+    prefill_end = 50_000
+    step_start = prefill_end + 1_000 + np.concatenate([[0], np.cumsum(step_ns + gap_ns)[:-1]])
+    step_end = step_start + step_ns
+    stage_start = step_start[:, None] + np.concatenate([np.zeros((n_steps, 1), np.int64),
+                                                        np.cumsum(stage_ns, axis=1)[:, :-1]], axis=1)
+    stage_end = stage_start + stage_ns
+
+    # Kernels: launched 500 ns into each stage (and 3 us into the last one again), queued on one stream.
+    launch = np.concatenate([stage_start + 500, stage_start[:, -1:] + 3_000], axis=1).ravel()
+    launch = np.concatenate([[1_000], np.sort(launch)])  # the prefill kernel first
+    duration = rng.integers(3_000, 20_000, launch.size)
+    ready = launch + 2_000
+    done = np.cumsum(duration)
+    kernel_end = done + np.maximum.accumulate(ready - (done - duration))
+    kernel_start = kernel_end - duration
+
+    n_kernels = launch.size
+    tid, pid = global_tid(PID, TID), global_pid(PID)
+    range_start = np.concatenate([[1_000], step_start, stage_start.ravel()])
+    range_end = np.concatenate([[prefill_end], step_end, stage_end.ravel()])
+    range_name = np.concatenate([[strings[PREFILL]], np.full(n_steps, strings[STEP]),
+                                 np.tile([strings[s] for s in STAGES], n_steps)])
+    mark_time = step_end + 1
+    tokens = 1 + np.arange(n_steps) % 4
+    n_nvtx = 1 + range_start.size + n_steps
+    nvtx = {
+        "start": [0, *range_start.tolist(), *mark_time.tolist()],
+        "end": [None, *range_end.tolist(), *([None] * n_steps)],
+        "eventType": [DOMAIN_CREATE, *([PUSH_POP] * range_start.size), *([MARK] * n_steps)],
+        "text": [DOMAIN, *([None] * (n_nvtx - 1))],
+        "textId": [None, *range_name.tolist(), *([strings[TOKENS_MARK]] * n_steps)],
+        "domainId": [1] * n_nvtx,
+        "globalTid": [tid] * n_nvtx,
+        "color": [255] * n_nvtx,
+        "int64Value": [None] * (1 + range_start.size) + tokens.tolist(),
+    }
+    correlation = np.arange(1, n_kernels + 1).tolist()
+    kernels = {"start": kernel_start.tolist(), "end": kernel_end.tolist(), "deviceId": [0] * n_kernels,
+               "contextId": [1] * n_kernels, "streamId": [7] * n_kernels, "correlationId": correlation,
+               "globalPid": [pid] * n_kernels, "shortName": [strings["ddtree_stage_kernel"]] * n_kernels,
+               "demangledName": [strings["ddtree_stage_kernel"]] * n_kernels}
+    runtime = {"start": launch.tolist(), "end": (launch + 1_500).tolist(), "eventClass": [1] * n_kernels,
+               "globalTid": [tid] * n_kernels, "correlationId": correlation,
+               "nameId": [strings["cudaLaunchKernel_v7000"]] * n_kernels, "returnValue": [0] * n_kernels}
+    write_tables(path, "2022.4", strings, int(max(step_end[-1], kernel_end[-1])) + 100_000,
+                 {"NVTX_EVENTS": nvtx, "CUPTI_ACTIVITY_KIND_KERNEL": kernels, "CUPTI_ACTIVITY_KIND_RUNTIME": runtime})
+    return {"steps": n_steps, "tokens": int(tokens.sum()), "ranges": int(range_start.size), "kernels": n_kernels,
+            "step_ns": int(step_ns.sum())}
+
+
+def timed(command: list[str]) -> tuple[float, float, str]:
+    """Run a command; return (wall seconds, peak RSS in GB, stdout). Fails loudly on a non-zero exit."""
+    out = tempfile.TemporaryFile()
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    stdout = out.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024**2, stdout  # ru_maxrss is KiB on Linux
+
+
+def nvtxsum_step_ns(stdout: str) -> int:
+    """Total Time of the `ddtree:step` row of nvtxsum's CSV output."""
+    lines = stdout[stdout.index("Time (%)"):] if "Time (%)" in stdout else stdout
+    for row in csv.DictReader(io.StringIO(lines)):
+        if row.get("Range") == f"{DOMAIN}:{STEP}":
+            return int(float(row["Total Time (ns)"]))
+    raise SystemExit(f"no {DOMAIN}:{STEP} row in nvtxsum output:\n{stdout[:2000]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranges", type=int, default=1_000_000)
+    parser.add_argument("--out", type=Path, default=RESULTS / "breakdown_scale.json")
+    parser.add_argument("--keep-export", type=Path, help="write the export here and keep it")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="ddprof-scale-"))
+    export = args.keep_export or folder / "scale.sqlite"
+    print(f"writing {export} ...", flush=True)
+    written_at = time.perf_counter()
+    truth = synthetic_export(export, args.ranges)
+    write_s = time.perf_counter() - written_at
+
+    ddprof = Path(sys.executable).with_name("ddprof")
+    nsys = find_nsys()
+    ddprof_s, ddprof_gb, report = timed([str(ddprof), "breakdown", "--json", str(export)])
+    nsys_s, nsys_gb, nvtxsum = timed([str(nsys.path), "stats", "--report", "nvtxsum", "--format", "csv",
+                                      "--force-export", "false", str(export)])
+    summary = json.loads(report)
+    checks = {
+        "steps": summary["steps"] == truth["steps"],
+        "tokens": summary["tokens"] == truth["tokens"],
+        "step_ns_vs_ddprof": round(summary["step_ms"]["total"] * 1e6) == truth["step_ns"],
+        "step_ns_vs_nvtxsum": nvtxsum_step_ns(nvtxsum) == truth["step_ns"],
+    }
+    result = {
+        "machine": {**describe(), "cores": os.cpu_count()},
+        "export": {**truth, "bytes": export.stat().st_size, "write_s": round(write_s, 1), "nsys": nsys.version},
+        "ddprof_breakdown": {"wall_s": round(ddprof_s, 2), "peak_rss_gb": round(ddprof_gb, 2),
+                             "bound_by": summary["bound_by"], "tok_per_s": summary["tok_per_s"]},
+        "nsys_stats_nvtxsum": {"wall_s": round(nsys_s, 2), "peak_rss_gb": round(nsys_gb, 2)},
+        "speedup_vs_nvtxsum": round(nsys_s / ddprof_s, 2),
+        "goal": {"wall_s_under": 20, "peak_rss_gb_under": 4, "faster_than_nvtxsum": True},
+        "goal_met": ddprof_s < 20 and ddprof_gb < 4 and ddprof_s < nsys_s,
+        "checks": checks,
+    }
+    print(f"{'tool':28} {'wall s':>8} {'peak GB':>8}")
+    print(f"{'ddprof breakdown --json':28} {ddprof_s:8.2f} {ddprof_gb:8.2f}")
+    print(f"{'nsys stats --report nvtxsum':28} {nsys_s:8.2f} {nsys_gb:8.2f}")
+    print(f"{truth['ranges']:,} ranges, {truth['kernels']:,} kernels; ddprof is {nsys_s / ddprof_s:.2f}x "
+          f"nvtxsum's speed; checks: {checks}")
+    if not all(checks.values()):
+        raise SystemExit("answer check failed: not writing a result")
+    write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
