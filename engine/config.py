@@ -1,0 +1,185 @@
+"""Model configurations and presets, with the field names of DeepSeek-V3 / Kimi-K2 `config.json`.
+
+Keeping the real key names means a user's `config.json` loads as is (`ModelConfig.from_dict`) and
+every number here can be checked against the published configs.
+
+Presets:
+- `tiny`: a whole DDTree generation in a few seconds on two CPU cores; the tests use it.
+- `small`: the CPU demo default (serving captures with dozens of concurrent requests).
+- `k2-layer`: Kimi K2's exact per-layer shapes with 1 dense + 2 MoE layers, bf16, for one H200.
+tiny and small use the byte tokenizer's vocabulary. All inner dimensions are multiples of 16 so
+every row of a [rows, dim] tensor starts equally aligned (see `model.linear`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+from engine.tokenizer import ByteTokenizer
+
+BYTE_VOCAB = ByteTokenizer().vocab_size
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The target model. Fields are `config.json` keys; unknown keys in a file are ignored."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    routed_scaling_factor: float
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    scoring_func: str
+    rope_theta: float
+    rope_scaling: dict | None
+    rms_norm_eps: float
+    max_position_embeddings: int
+    torch_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.scoring_func != "sigmoid":
+            raise EngineError(f"scoring_func {self.scoring_func!r} is not supported (only 'sigmoid', as in DeepSeek-V3/Kimi-K2)")
+        if not self.q_lora_rank:
+            raise EngineError("q_lora_rank must be set: this engine implements the low-rank query path of DeepSeek-V3/Kimi-K2")
+        if self.n_routed_experts % self.n_group or self.topk_group > self.n_group:
+            raise EngineError(f"n_group={self.n_group} must divide n_routed_experts={self.n_routed_experts} "
+                              f"and be >= topk_group={self.topk_group}")
+        if self.qk_rope_head_dim % 2:
+            raise EngineError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Width of one cached row: the normalised latent c_KV, then the roped shared key k_rope."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer >= self.first_k_dense_replace
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ModelConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in names - set(raw) if n != "torch_dtype")
+        if missing:
+            raise EngineError(f"config.json lacks {', '.join(missing)}")
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """The DFlash-style block drafter. It works at the target's hidden size and shares the target's
+    token embedding and lm_head; only these layers are its own."""
+
+    num_hidden_layers: int
+    num_attention_heads: int
+    head_dim: int
+    intermediate_size: int
+    block_size: int  # bonus token + (block_size - 1) masked positions = the tree's depth limit L
+    target_layer_ids: tuple[int, ...]  # target layers whose outputs condition the drafter
+    mask_token_id: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+    @property
+    def depth(self) -> int:
+        return self.block_size - 1
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> DrafterConfig:
+        return cls(**{**raw, "target_layer_ids": tuple(raw["target_layer_ids"])})
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
+
+
+def default_drafter(config: ModelConfig, mask_token_id: int) -> DrafterConfig:
+    """A one-layer drafter for any target (e.g. one loaded with from_pretrained), conditioned as
+    DFlash does on target layers spread evenly from layer 1 to the fourth-from-last."""
+    last = config.num_hidden_layers - 1
+    first, final = min(1, last), max(min(1, last), last - 3)
+    ids = tuple(sorted({round(first + i * (final - first) / 2) for i in range(3)}))
+    heads = max(1, config.hidden_size // 128)
+    return DrafterConfig(num_hidden_layers=1, num_attention_heads=heads, head_dim=config.hidden_size // heads,
+                         intermediate_size=config.intermediate_size, block_size=16, target_layer_ids=ids,
+                         mask_token_id=mask_token_id, rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps)
+
+
+def yarn(factor: float, original: int, beta_fast: float, beta_slow: float) -> dict:
+    return {"type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ModelConfig
+    drafter: DrafterConfig
+    description: str = field(default="")
+
+
+def _preset(description: str, drafter: dict, **model) -> Preset:
+    return Preset(ModelConfig(**model), DrafterConfig(**drafter), description)
+
+
+_BYTE = ByteTokenizer()
+
+PRESETS: dict[str, Preset] = {
+    "tiny": _preset(
+        "2 layers (1 dense + 1 MoE with group-limited routing), hidden 64: for tests",
+        dict(num_hidden_layers=1, num_attention_heads=4, head_dim=16, intermediate_size=128, block_size=5,
+             target_layer_ids=(0, 1), mask_token_id=_BYTE.mask_id),
+        vocab_size=BYTE_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, q_lora_rank=32,
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True,
+        scoring_func="sigmoid", rope_theta=10000.0, rope_scaling=yarn(4.0, 64, 32.0, 1.0), rms_norm_eps=1e-6,
+        max_position_embeddings=1024),
+    "small": _preset(
+        "4 layers (1 dense + 3 MoE), hidden 256, 8 experts: the CPU demo",
+        dict(num_hidden_layers=1, num_attention_heads=4, head_dim=64, intermediate_size=512, block_size=8,
+             target_layer_ids=(1, 3), mask_token_id=_BYTE.mask_id),
+        vocab_size=BYTE_VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, q_lora_rank=128,
+        kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, intermediate_size=512,
+        moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.827, n_group=1, topk_group=1, norm_topk_prob=True,
+        scoring_func="sigmoid", rope_theta=50000.0, rope_scaling=yarn(8.0, 512, 1.0, 1.0), rms_norm_eps=1e-6,
+        max_position_embeddings=4096),
+    "k2-layer": _preset(
+        "Kimi K2 per-layer shapes, 1 dense + 2 MoE layers, bf16: for one H200",
+        dict(num_hidden_layers=1, num_attention_heads=32, head_dim=128, intermediate_size=18432, block_size=16,
+             target_layer_ids=(1, 2), mask_token_id=_BYTE.mask_id),
+        vocab_size=163840, hidden_size=7168, num_hidden_layers=3, num_attention_heads=64, q_lora_rank=1536,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
+        moe_intermediate_size=2048, n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.827, n_group=1, topk_group=1, norm_topk_prob=True,
+        scoring_func="sigmoid", rope_theta=50000.0, rope_scaling=yarn(32.0, 4096, 1.0, 1.0), rms_norm_eps=1e-6,
+        max_position_embeddings=131072, torch_dtype="bfloat16"),
+}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise EngineError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+

@@ -1,0 +1,171 @@
+"""One batched decode step, in the six NVTX stages ddprof attributes time to.
+
+DDTree (Ringel & Romano, 2026), per step and for every request in the batch at once:
+
+    draft       the drafter's one forward over [bonus, MASK x L] -> per-depth top-K log-probs
+    tree_build  the top-`budget` prefixes as a tree (CPU heapq, or the GPU builder)
+    verify      one target forward over [bonus, nodes...] at positions prefix_len + depth,
+                each node seeing the prefix, the bonus and its own ancestors
+    accept      walk the tree along the target's argmax
+    kv_compact  move the accepted rows behind the bonus row; keep their features for the drafter
+    sampling    the next bonus token (the target's choice after the accepted path); commit the
+                step's tokens to the host under each request's stop rules
+
+`ARDecoder` is the plain autoregressive baseline DDTree is lossless against (stages verify and
+sampling only). Both take a `DecodeBatch` and return a `StepResult`; `engine.Engine` owns the
+requests, the NVTX `step` range around a step and the `tokens` mark after it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from engine.accept import accept_greedy
+from engine.drafter import Drafter, DrafterCache, propose
+from engine.errors import EngineError
+from engine.kv_cache import LatentKVCache
+from engine.model import TargetModel
+from engine.nvtx_ranges import Nvtx
+from engine.stages import STAGES
+from engine.tree import TreeBatch, build_tree_cpu
+
+DRAFT, TREE_BUILD, VERIFY, ACCEPT, KV_COMPACT, SAMPLING = STAGES
+
+
+@dataclass
+class DecodeBatch:
+    """The requests of one step, one entry each (device tensors), plus their host-side stop rules."""
+
+    slots: torch.Tensor  # [bs] int64
+    prefix_lens: torch.Tensor  # [bs] int64: committed rows in the cache (the bonus is not among them)
+    bonus: torch.Tensor  # [bs] int64: the last committed token, not yet in the cache
+    remaining: list[int]  # tokens each request may still emit
+    eos_ids: list[int | None]
+
+
+@dataclass
+class StepResult:
+    committed: list[list[int]]  # tokens emitted per request this step, after the stop rules
+    rows_added: list[int]  # rows appended to each request's cache (bonus + accepted nodes)
+    next_bonus: list[int]
+    accept_lens: list[int] | None  # draft tokens accepted per request (None for AR decoding)
+
+
+def apply_stop_rules(tokens: list[int], remaining: int, eos_id: int | None) -> list[int]:
+    """Keep at most `remaining` tokens, and nothing after an end-of-sequence token."""
+    tokens = tokens[:remaining]
+    if eos_id is not None and eos_id in tokens:
+        tokens = tokens[:tokens.index(eos_id) + 1]
+    return tokens
+
+
+def tree_builder(name: str):
+    """The tree builder behind `--builder`: "cpu" (heapq reference) or "gpu" (the Triton builder)."""
+    if name == "cpu":
+        return build_tree_cpu
+    if name == "gpu":
+        if importlib.util.find_spec("triton_kernels.tree_build") is None:
+            raise EngineError("--builder gpu needs triton_kernels/tree_build.py (build_tree_gpu), which does not "
+                              "exist yet; use --builder cpu")
+        module = importlib.import_module("triton_kernels.tree_build")
+        if not hasattr(module, "build_tree_gpu"):
+            raise EngineError("--builder gpu: triton_kernels/tree_build.py defines no build_tree_gpu; use --builder cpu")
+        return module.build_tree_gpu
+    raise EngineError(f"unknown tree builder {name!r}; choose cpu or gpu")
+
+
+def block_mask(tree: TreeBatch) -> torch.Tensor:
+    """[bs, 1 + B, 1 + B] verify mask over [bonus, nodes...]: everyone sees the bonus (root);
+    node i sees its ancestors and itself; the bonus sees only itself."""
+    bs, budget = tree.token_ids.shape
+    mask = torch.zeros(bs, budget + 1, budget + 1, dtype=torch.bool, device=tree.token_ids.device)
+    mask[:, :, 0] = True
+    mask[:, 1:, 1:] = tree.visibility
+    return mask
+
+
+class ARDecoder:
+    """Plain greedy decoding: one target forward per token."""
+
+    def __init__(self, target: TargetModel, cache: LatentKVCache, nvtx: Nvtx):
+        self.target, self.cache, self.nvtx = target, cache, nvtx
+        self.feature_layers: tuple[int, ...] = ()
+
+    def after_prefill(self, slot: int, features: torch.Tensor | None) -> None:
+        """Nothing to prepare: AR decoding has no drafter."""
+
+    def step(self, batch: DecodeBatch) -> StepResult:
+        bs = batch.slots.shape[0]
+        with self.nvtx.range(VERIFY):
+            plain = torch.ones(bs, 1, 1, dtype=torch.bool, device=batch.slots.device)
+            logits, _ = self.target.forward_block(batch.bonus[:, None], batch.prefix_lens[:, None], self.cache.kv,
+                                                  batch.slots, batch.prefix_lens, plain)
+            next_token = logits[:, 0].argmax(-1)
+        with self.nvtx.range(SAMPLING):
+            tokens = next_token.tolist()
+            committed = [apply_stop_rules([t], r, e) for t, r, e in zip(tokens, batch.remaining, batch.eos_ids)]
+        return StepResult(committed, [1] * bs, tokens, None)
+
+
+class DDTreeDecoder:
+    """Greedy DDTree decoding with a block drafter and a draft tree of `budget` nodes."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter, cache: LatentKVCache, *, budget: int, builder: str,
+                 nvtx: Nvtx):
+        self.target, self.drafter, self.cache, self.nvtx = target, drafter, cache, nvtx
+        self.budget = budget
+        self.build_tree = tree_builder(builder)
+        self.depth = drafter.config.depth
+        self.top_k = min(budget, target.config.vocab_size)  # K = budget, as the paper's code
+        self.feature_layers = drafter.config.target_layer_ids
+        n_slots, max_len = cache.n_slots, cache.max_len
+        # The drafter's context rows; the pending step's rows may land up to a block past max_len.
+        self.drafter_cache = DrafterCache(drafter, n_slots, max_len + drafter.config.block_size)
+        # Features of the tokens committed by each slot's last step, not yet in the drafter's cache.
+        width = target.config.hidden_size * len(self.feature_layers)
+        self.pending = torch.zeros(n_slots, self.depth + 1, width, dtype=target.dtype, device=target.device)
+        self.pending_count = torch.zeros(n_slots, dtype=torch.int64, device=target.device)
+
+    def after_prefill(self, slot: int, features: torch.Tensor) -> None:
+        """The prompt's features become the drafter's context for this slot."""
+        n = features.shape[0]
+        self.drafter_cache.append(self.drafter, torch.tensor([slot], device=features.device), features[None],
+                                  torch.arange(n, device=features.device)[None])
+        self.pending_count[slot] = 0
+
+    def step(self, batch: DecodeBatch) -> StepResult:
+        slots, prefix_lens = batch.slots, batch.prefix_lens
+        with self.nvtx.range(DRAFT):
+            count = self.pending_count[slots]
+            # Rows past `count` land at positions >= prefix_len: masked now, overwritten later.
+            positions = (prefix_lens - count)[:, None] + torch.arange(self.depth + 1, device=slots.device)
+            self.drafter_cache.append(self.drafter, slots, self.pending[slots], positions)
+            top_log_probs, top_token_ids = propose(self.drafter, self.target, self.drafter_cache, slots, prefix_lens,
+                                                   batch.bonus, self.top_k)
+        with self.nvtx.range(TREE_BUILD):
+            tree = self.build_tree(top_log_probs, top_token_ids, self.budget).to(slots.device)
+        with self.nvtx.range(VERIFY):
+            tokens = torch.cat([batch.bonus[:, None], tree.token_ids], dim=1)
+            depths = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], dim=1)
+            logits, features = self.target.forward_block(tokens, prefix_lens[:, None] + depths, self.cache.kv, slots,
+                                                         prefix_lens, block_mask(tree), self.feature_layers)
+            target_argmax = logits.argmax(-1)
+        with self.nvtx.range(ACCEPT):
+            accepted, accept_len, next_bonus = accept_greedy(tree, target_argmax, self.depth)
+        with self.nvtx.range(KV_COMPACT):
+            self.cache.compact(slots, prefix_lens, accepted, accept_len)
+            # The bonus and the accepted nodes (block rows 0 and 1 + accepted) condition the next draft.
+            kept_rows = torch.cat([torch.zeros_like(accepted[:, :1]), 1 + accepted.clamp(min=0)], dim=1)
+            self.pending[slots] = features.gather(1, kept_rows[..., None].expand(-1, -1, features.shape[-1]))
+            self.pending_count[slots] = 1 + accept_len
+        with self.nvtx.range(SAMPLING):
+            path_tokens = tree.token_ids.gather(1, accepted.clamp(min=0))
+            rows = torch.cat([path_tokens, next_bonus[:, None]], dim=1).tolist()
+            lengths = accept_len.tolist()
+            committed = [apply_stop_rules(row[:n] + row[-1:], r, e)
+                         for row, n, r, e in zip(rows, lengths, batch.remaining, batch.eos_ids)]
+        return StepResult(committed, [1 + n for n in lengths], [row[-1] for row in rows], lengths)

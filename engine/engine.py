@@ -1,0 +1,163 @@
+"""The serving API: admit requests into cache slots, step them all together, release them.
+
+A scheduler drives it:
+
+    engine = Engine(target, drafter, budget=8, builder="cpu", n_slots=32, max_len=512)
+    if engine.can_admit(len(prompt), max_new): engine.admit("r1", prompt, max_new, eos_id)
+    new_tokens = engine.step()          # {request_id: [tokens committed this step]}
+    for rid in engine.finished(): result = engine.result(rid); engine.release(rid)
+
+Each `step` is one NVTX range `step` holding the decode stages, followed by a `tokens` mark whose
+payload is the number of tokens committed (whole batch); `admit` runs the prompt as a `prefill`
+range. A request's tokens never depend on what else is in the batch (see model.linear and
+attention.tree_attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.ddtree import ARDecoder, DDTreeDecoder, DecodeBatch, apply_stop_rules
+from engine.drafter import Drafter
+from engine.errors import EngineError
+from engine.kv_cache import LatentKVCache
+from engine.model import TargetModel
+from engine.nvtx_ranges import Nvtx
+from engine.stages import PREFILL, STEP, TOKENS_MARK
+
+
+@dataclass
+class Request:
+    slot: int
+    prompt_len: int
+    max_new_tokens: int
+    eos_id: int | None
+    prefix_len: int = 0  # committed rows in the cache
+    bonus: int = 0  # the last emitted token, not yet in the cache
+    tokens: list[int] = field(default_factory=list)  # emitted so far
+    target_forwards: int = 0  # prefill + steps taken part in
+    accept_lengths: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class RequestResult:
+    tokens: list[int]
+    target_forwards: int
+    accept_lengths: list[int]
+
+
+class Engine:
+    def __init__(self, model: TargetModel, drafter: Drafter | None, *, budget: int, builder: str = "cpu",
+                 mode: str = "ddtree", n_slots: int, max_len: int, device: str | torch.device | None = None,
+                 nvtx: bool = True):
+        if mode not in ("ddtree", "ar"):
+            raise EngineError(f"unknown decoding mode {mode!r}; choose ddtree or ar")
+        if mode == "ddtree" and drafter is None:
+            raise EngineError("ddtree decoding needs a drafter")
+        if budget < 1:
+            raise EngineError(f"budget must be at least 1, got {budget}")
+        lookahead = drafter.config.block_size if drafter is not None else 1
+        if max_len + lookahead > model.config.max_position_embeddings:
+            raise EngineError(f"max_len {max_len} (+{lookahead} lookahead) exceeds the model's "
+                              f"max_position_embeddings {model.config.max_position_embeddings}")
+        self.device = torch.device(device) if device is not None else model.device
+        if self.device != model.device:
+            raise EngineError(f"the model is on {model.device}, not on the engine's device {self.device}")
+        self.model, self.mode, self.budget = model, mode, budget
+        self.nvtx = Nvtx(nvtx)
+        self.cache = LatentKVCache(model.config.num_hidden_layers, n_slots, max_len, model.config.latent_dim,
+                                   dtype=model.dtype, device=self.device)
+        if mode == "ddtree":
+            self.decoder = DDTreeDecoder(model, drafter, self.cache, budget=budget, builder=builder, nvtx=self.nvtx)
+        else:
+            self.decoder = ARDecoder(model, self.cache, self.nvtx)
+        self.block_rows = 1 + budget if mode == "ddtree" else 1  # rows one step writes past the prefix
+        self.requests: dict[Hashable, Request] = {}
+
+    @property
+    def active(self) -> int:
+        """Requests still decoding (admitted, not finished)."""
+        return sum(not r.done for r in self.requests.values())
+
+    def can_admit(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """A free slot, with room for the prompt, every new token and one step's block."""
+        return self.cache.can_hold(prompt_len + max_new_tokens + self.block_rows)
+
+    @torch.no_grad()
+    def admit(self, request_id: Hashable, prompt_tokens: list[int], max_new_tokens: int,
+              eos_id: int | None = None) -> None:
+        """Prefill the prompt into a fresh slot; its first new token is emitted right away."""
+        if request_id in self.requests:
+            raise EngineError(f"request {request_id!r} is already admitted")
+        if not prompt_tokens or max_new_tokens < 1:
+            raise EngineError(f"request {request_id!r}: needs a non-empty prompt and max_new_tokens >= 1")
+        if not self.can_admit(len(prompt_tokens), max_new_tokens):
+            raise EngineError(f"request {request_id!r}: no free slot with {len(prompt_tokens) + max_new_tokens + self.block_rows} "
+                              f"rows (max_len {self.cache.max_len}, {self.cache.n_free} slots free)")
+        slot = self.cache.allocate()
+        request = Request(slot, len(prompt_tokens), max_new_tokens, eos_id)
+        with self.nvtx.range(PREFILL):
+            tokens = torch.tensor(prompt_tokens, dtype=torch.int64, device=self.device)
+            logits, features = self.model.prefill(tokens, self.cache.kv, slot, self.decoder.feature_layers)
+            self.decoder.after_prefill(slot, features)
+            first = int(logits.argmax())
+        request.prefix_len, request.bonus, request.target_forwards = len(prompt_tokens), first, 1
+        request.tokens = apply_stop_rules([first], max_new_tokens, eos_id)
+        request.done = self._is_done(request)
+        self.requests[request_id] = request
+
+    @torch.no_grad()
+    def step(self) -> dict[Hashable, list[int]]:
+        """One batched decode step over every active request: {request_id: tokens committed}."""
+        ids = [rid for rid, r in self.requests.items() if not r.done]
+        if not ids:
+            return {}
+        requests = [self.requests[rid] for rid in ids]
+        with self.nvtx.range(STEP):
+            batch = DecodeBatch(
+                slots=self._tensor([r.slot for r in requests]),
+                prefix_lens=self._tensor([r.prefix_len for r in requests]),
+                bonus=self._tensor([r.bonus for r in requests]),
+                remaining=[r.max_new_tokens - len(r.tokens) for r in requests],
+                eos_ids=[r.eos_id for r in requests])
+            result = self.decoder.step(batch)
+        self.nvtx.mark(TOKENS_MARK, sum(len(t) for t in result.committed))
+        for i, request in enumerate(requests):
+            request.tokens += result.committed[i]
+            request.prefix_len += result.rows_added[i]
+            request.bonus = result.next_bonus[i]
+            request.target_forwards += 1
+            if result.accept_lens is not None:
+                request.accept_lengths.append(result.accept_lens[i])
+            request.done = self._is_done(request)
+        return dict(zip(ids, result.committed))
+
+    def finished(self) -> list[Hashable]:
+        """Requests that are done and still hold their slot."""
+        return [rid for rid, r in self.requests.items() if r.done]
+
+    def result(self, request_id: Hashable) -> RequestResult:
+        r = self._request(request_id)
+        return RequestResult(list(r.tokens), r.target_forwards, list(r.accept_lengths))
+
+    def release(self, request_id: Hashable) -> None:
+        """Forget the request and free its slot."""
+        self.cache.release(self._request(request_id).slot)
+        del self.requests[request_id]
+
+    def _request(self, request_id: Hashable) -> Request:
+        if request_id not in self.requests:
+            raise EngineError(f"unknown request {request_id!r}")
+        return self.requests[request_id]
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def _is_done(request: Request) -> bool:
+        hit_eos = request.eos_id is not None and request.tokens[-1:] == [request.eos_id]
+        return hit_eos or len(request.tokens) >= request.max_new_tokens

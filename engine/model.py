@@ -1,0 +1,385 @@
+"""The target model: a Kimi-K2 / DeepSeek-V3 style transformer (MLA attention + MoE), in one file.
+
+Read top to bottom: `linear` (why the CPU multiplies rows one at a time), RMSNorm, RoPE with
+YaRN, MLA (decompressed for prefill, weight-absorbed over the latent cache for decode and tree
+verify), the SwiGLU MLP and the routed MoE, the decoder layer, the model. Module and parameter
+names follow the DeepSeek-V3 / Kimi-K2 checkpoints (`model.layers.N.self_attn.q_a_proj.weight`,
+...), so `state_dict()` keys are the checkpoint's keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import tree_attention
+from engine.config import ModelConfig
+
+# --- Numerics that do not depend on batch composition -------------------------------------------
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] times weight [out, in]^T.
+
+    On the CPU every row is its own [1, in] x [in, out] product (one bmm over the rows): MKL's GEMM
+    picks different kernels for different row counts, so a row's result would otherwise depend on
+    how many other tokens share the call. Row by row, a token's numbers are identical whether it is
+    decoded alone, in a batch, or inside a verified tree, which makes greedy DDTree exactly
+    lossless against autoregressive decoding. On the GPU: one plain GEMM.
+    """
+    if x.device.type != "cpu":
+        return F.linear(x, weight)
+    rows = x.reshape(-1, 1, x.shape[-1]).contiguous()
+    out = torch.bmm(rows, weight.t().expand(rows.shape[0], -1, -1))
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., H, a] times each head's own matrix weight [H, b, a] -> [..., H, b]."""
+    if x.device.type != "cpu":
+        return torch.einsum("...ha,hba->...hb", x, weight)
+    return torch.stack([linear(x[..., h, :], weight[h]) for h in range(weight.shape[0])], dim=-2)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    # Written out: torch's vectorised sigmoid and its scalar tail loop differ in the last bit,
+    # so the built-in result depends on where an element sits in the tensor.
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x * sigmoid(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        # Division by sqrt, not rsqrt: sqrt and division are exactly rounded everywhere.
+        xf = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+# --- Rotary position embedding with YaRN ---------------------------------------------------------
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention temperature m = 0.1 * mscale * ln(factor) + 1 (1 without scaling)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_frequencies(dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """[dim/2] rotation frequencies; YaRN keeps the fast ones, divides the slow ones by `factor`,
+    and blends in between by a linear ramp over the correction range (DeepSeek-V3)."""
+    freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if not scaling or scaling.get("type", scaling.get("rope_type")) != "yarn":
+        return freqs
+
+    def correction_dim(rotations: float) -> float:
+        original = scaling["original_max_position_embeddings"]
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(scaling.get("beta_fast", 32))), 0)
+    high = min(math.ceil(correction_dim(scaling.get("beta_slow", 1))), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return freqs / scaling["factor"] * ramp + freqs * (1 - ramp)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position, computed once (so a position's values never vary)."""
+
+    def __init__(self, dim: int, theta: float, scaling: dict | None, max_positions: int):
+        super().__init__()
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), rope_frequencies(dim, theta, scaling))
+        magnitude = 1.0
+        if scaling and scaling.get("type", scaling.get("rope_type")) == "yarn":
+            factor = scaling["factor"]
+            magnitude = yarn_mscale(factor, scaling.get("mscale", 1)) / yarn_mscale(factor, scaling.get("mscale_all_dim", 0))
+        self.register_buffer("cos", (angles.cos() * magnitude).float(), persistent=False)
+        self.register_buffer("sin", (angles.sin() * magnitude).float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate adjacent pairs of x [..., P, (heads,) dim] by their positions [..., P]."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        if x.dim() == positions.dim() + 2:  # a heads axis
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        pairs = x.float().unflatten(-1, (-1, 2))
+        real, imag = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+        return rotated.flatten(-2).to(x.dtype)
+
+
+# --- Multi-head latent attention -----------------------------------------------------------------
+
+
+class MLA(nn.Module):
+    """DeepSeek-V3 multi-head latent attention.
+
+    Each token is compressed to a latent c_KV (kv_lora_rank) plus one roped key k_rope shared by
+    all heads; only those (576 values at K2 dims) are cached. Per head, keys and values are
+    W_UK c_KV and W_UV c_KV (the two halves of kv_b_proj). Prefill decompresses them; decode and
+    verify instead absorb W_UK into the query and apply W_UV after attending over the latent rows.
+    """
+
+    def __init__(self, config: ModelConfig, rotary: Rotary):
+        super().__init__()
+        c = config
+        self.config = c
+        self.rotary = [rotary]  # shared with the model; a list keeps it out of this module's state
+        heads = c.num_attention_heads
+        self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+        self.q_b_proj = nn.Linear(c.q_lora_rank, heads * c.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * c.v_head_dim, c.hidden_size, bias=False)
+        scaling = c.rope_scaling or {}
+        mscale = yarn_mscale(scaling.get("factor", 1.0), scaling.get("mscale_all_dim", 0))
+        self.softmax_scale = c.qk_head_dim ** -0.5 * mscale * mscale
+
+    def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., hidden] -> q_nope [..., H, nope], q_rope [..., H, rope] (roped)."""
+        c = self.config
+        q = linear(self.q_a_layernorm(linear(x, self.q_a_proj.weight)), self.q_b_proj.weight)
+        q = q.unflatten(-1, (c.num_attention_heads, c.qk_head_dim))
+        q_nope, q_rope = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        return q_nope, self.rotary[0](q_rope, positions)
+
+    def latent_rows(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [..., hidden] -> the cache rows [..., kv_lora_rank + rope]: normalised c_KV, roped k_rope."""
+        c = self.config
+        compressed, k_rope = linear(x, self.kv_a_proj_with_mqa.weight).split([c.kv_lora_rank, c.qk_rope_head_dim], -1)
+        return torch.cat([self.kv_a_layernorm(compressed), self.rotary[0](k_rope, positions)], dim=-1)
+
+    def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, nope, kv_lora_rank] and W_UV [H, v, kv_lora_rank], views of kv_b_proj."""
+        c = self.config
+        w = self.kv_b_proj.weight.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+        return w[:, :c.qk_nope_head_dim], w[:, c.qk_nope_head_dim:]
+
+    def decompressed(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slot: int) -> torch.Tensor:
+        """Causal attention over one sequence x [n, hidden] at positions [n] (prefill).
+
+        Writes the n latent rows to kv [n_slots, max_len, D] at those positions of `slot`.
+        """
+        c = self.config
+        rows = self.latent_rows(x, positions)
+        kv[slot, positions] = rows.to(kv.dtype)
+        latent, k_rope = rows.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        k_nope, v = linear(latent, self.kv_b_proj.weight).unflatten(-1, (c.num_attention_heads, -1)).split(
+            [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        q_nope, q_rope = self.queries(x, positions)
+        q = torch.cat([q_nope, q_rope], dim=-1).float()
+        k = torch.cat([k_nope, k_rope.unsqueeze(-2).expand_as(q_rope)], dim=-1).float()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * self.softmax_scale
+        n = x.shape[0]
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        out = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)
+        return linear(out.flatten(-2), self.o_proj.weight)
+
+    def absorbed(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
+                 prefix_lens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """A block x [bs, T, hidden] per request attends over its slot's latent rows (decode, verify).
+
+        The block's rows are written at [prefix_len, prefix_len + T); positions [bs, T] are the
+        RoPE positions (prefix_len + depth in a tree); tree_mask [bs, T, T] as in `tree_attention`.
+        """
+        c = self.config
+        rows = self.latent_rows(x, positions)
+        block_rows = prefix_lens[:, None] + torch.arange(x.shape[1], device=x.device)
+        kv[slots[:, None], block_rows] = rows.to(kv.dtype)
+        w_uk, w_uv = self._up_projections()
+        q_nope, q_rope = self.queries(x, positions)
+        q = torch.cat([per_head(q_nope, w_uk.transpose(1, 2)), q_rope], dim=-1)  # [bs, T, H, kv_lora + rope]
+        latent_out = tree_attention(q, kv, slots, prefix_lens, tree_mask, self.softmax_scale, c.kv_lora_rank)
+        return linear(per_head(latent_out, w_uv).flatten(-2), self.o_proj.weight)
+
+
+# --- Feed-forward: SwiGLU MLP and the routed mixture of experts ----------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(silu(linear(x, self.gate_proj.weight)) * linear(x, self.up_proj.weight), self.down_proj.weight)
+
+
+class Router(nn.Module):
+    """DeepSeek-V3 `noaux_tc` routing: sigmoid scores; a per-expert bias steers only *which*
+    experts are chosen (load balancing), never how much they weigh."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> (weights [N, k] float32, experts [N, k] int64)."""
+        c = self.config
+        scores = sigmoid(linear(x.float(), self.weight.float()))
+        choice = scores + self.e_score_correction_bias
+        if c.n_group > 1:  # keep the topk_group groups whose two best experts score highest
+            groups = choice.unflatten(-1, (c.n_group, -1))
+            group_score = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(-1)
+            kept = torch.zeros_like(group_score, dtype=torch.bool)
+            kept.scatter_(1, group_score.topk(c.topk_group, dim=-1).indices, True)
+            choice = groups.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
+        experts = choice.topk(c.num_experts_per_tok, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if c.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * c.routed_scaling_factor, experts
+
+
+class MoE(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.gate = Router(c)
+        self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.n_routed_experts))
+        self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, experts = self.gate(flat)
+        # Each expert runs once on all the (token, choice) pairs routed to it.
+        expert_out = flat.new_zeros(*experts.shape, flat.shape[-1])
+        for e in experts.unique().tolist():
+            token, choice = (experts == e).nonzero(as_tuple=True)
+            expert_out[token, choice] = self.experts[e](flat[token])
+        # Combine in a fixed order (choice 0, 1, ...), so a token's sum never depends on the batch.
+        routed = expert_out[:, 0] * weights[:, :1].to(x.dtype)
+        for j in range(1, experts.shape[1]):
+            routed = routed + expert_out[:, j] * weights[:, j:j + 1].to(x.dtype)
+        return (self.shared_experts(flat) + routed).reshape(x.shape)
+
+
+# --- The decoder ---------------------------------------------------------------------------------
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLA(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MoE(config) if config.is_moe_layer(layer) else MLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """`attend(self_attn, normed x)` is the absorbed (decode/verify) or decompressed (prefill) attention."""
+        x = x + attend(self.self_attn, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """The checkpoint's `model.` prefix: embeddings, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.rotary = Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling,
+                             config.max_position_embeddings)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class TargetModel(nn.Module):
+    """The verified model. Besides logits it returns the hidden states of `feature_layers`
+    (concatenated): the context features the DFlash drafter is conditioned on."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and lm_head, in float32 (the drafter reuses this head on its own hidden states)."""
+        return linear(self.model.norm(hidden), self.lm_head.weight).float()
+
+    def _run_layers(self, x: torch.Tensor, attend_layer, feature_layers) -> tuple[torch.Tensor, torch.Tensor | None]:
+        features = []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, lambda attn, h, i=i: attend_layer(i, attn, h))
+            if i in feature_layers:
+                features.append(x)
+        return x, (torch.cat(features, dim=-1) if features else None)
+
+    def forward_block(self, tokens: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
+                      prefix_lens: torch.Tensor, tree_mask: torch.Tensor, feature_layers: tuple[int, ...] = ()
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One block of T tokens per request over the latent cache kv [layers, n_slots, max_len, D]
+        (a plain decode step has T = 1; a DDTree verify T = 1 + budget).
+
+        Returns logits [bs, T, vocab] float32 and features [bs, T, hidden * len(feature_layers)].
+        """
+        x, features = self._run_layers(
+            self.embed(tokens),
+            lambda i, attn, h: attn.absorbed(h, positions, kv[i], slots, prefix_lens, tree_mask),
+            feature_layers)
+        return self.logits(x), features
+
+    def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slot: int, feature_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A whole prompt tokens [n] into rows [0, n) of `slot` (decompressed attention).
+
+        Returns the logits after the last token [vocab] and the features [n, ...] of every token.
+        """
+        positions = torch.arange(tokens.shape[0], device=tokens.device)
+        x, features = self._run_layers(
+            self.embed(tokens), lambda i, attn, h: attn.decompressed(h, positions, kv[i], slot), feature_layers)
+        return self.logits(x[-1:])[0], features
+
+
+def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Seeded random weights (norms at 1, router biases small), identical on every run."""
+    generator = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if name.endswith("norm.weight"):
+                tensor.fill_(1.0)
+            elif name.endswith("e_score_correction_bias"):
+                tensor.normal_(0.0, 0.1, generator=generator)
+            elif tensor.is_floating_point() and not name.endswith(("cos", "sin")):
+                tensor.normal_(0.0, std, generator=generator)
+
+
+def build_target(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None) -> TargetModel:
+    """A target with seeded random weights, built directly on `device` in the config's dtype."""
+    dtype = dtype or getattr(torch, config.torch_dtype)
+    with torch.device(device):
+        model = TargetModel(config)
+    model.to(dtype)
+    model.model.rotary.float()  # position tables stay float32
+    for layer in model.model.layers:
+        if isinstance(layer.mlp, MoE):
+            layer.mlp.gate.float()  # routing in float32, as the reference implementations do
+    init_random(model, seed)
+    return model.eval().requires_grad_(False)
