@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -63,11 +64,14 @@ def apply_stop_rules(tokens: list[int], remaining: int, eos_id: int | None) -> l
     return tokens
 
 
-def tree_builder(name: str):
+def tree_builder(name: str, device: torch.device):
     """The tree builder behind `--builder`: "cpu" (heapq reference) or "gpu" (the Triton builder)."""
     if name == "cpu":
         return build_tree_cpu
     if name == "gpu":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise EngineError(f"--builder gpu runs a Triton kernel: it needs a CUDA device (the engine is on {device}) "
+                              "or TRITON_INTERPRET=1 for Triton's CPU interpreter")
         if importlib.util.find_spec("triton_kernels.tree_build") is None:
             raise EngineError("--builder gpu needs triton_kernels/tree_build.py (build_tree_gpu), which does not "
                               "exist yet; use --builder cpu")
@@ -118,7 +122,7 @@ class DDTreeDecoder:
                  nvtx: Nvtx):
         self.target, self.drafter, self.cache, self.nvtx = target, drafter, cache, nvtx
         self.budget = budget
-        self.build_tree = tree_builder(builder)
+        self.build_tree = tree_builder(builder, target.device)
         self.depth = drafter.config.depth
         self.top_k = min(budget, target.config.vocab_size)  # K = budget, as the paper's code
         self.feature_layers = drafter.config.target_layer_ids

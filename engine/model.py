@@ -312,6 +312,15 @@ class TargetModel(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    def cast(self, dtype: torch.dtype) -> TargetModel:
+        """Weights in `dtype`; position tables and routers stay float32, as the reference code keeps them."""
+        self.to(dtype)
+        self.model.rotary.float()
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.gate.float()
+        return self
+
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
@@ -373,13 +382,7 @@ def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
 def build_target(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> TargetModel:
     """A target with seeded random weights, built directly on `device` in the config's dtype."""
-    dtype = dtype or getattr(torch, config.torch_dtype)
     with torch.device(device):
-        model = TargetModel(config)
-    model.to(dtype)
-    model.model.rotary.float()  # position tables stay float32
-    for layer in model.model.layers:
-        if isinstance(layer.mlp, MoE):
-            layer.mlp.gate.float()  # routing in float32, as the reference implementations do
+        model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
     init_random(model, seed)
     return model.eval().requires_grad_(False)

@@ -1,0 +1,103 @@
+"""`python -m engine generate`: decode prompts with the embedded engine and report what happened.
+
+    python -m engine generate --model tiny --seed 0 --mode ddtree --builder cpu --budget 8 \\
+        --max-new-tokens 32 --prompt "Hello" --json
+
+prints {"tokens": [...], "target_forwards": n, "accept_lengths": [...], "text": "..."}. With
+greedy decoding `--mode ddtree` prints exactly the tokens of `--mode ar` for any budget: DDTree
+only changes how many target forwards they cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from engine.config import default_drafter, preset, PRESETS
+from engine.drafter import Drafter, build_drafter
+from engine.engine import Engine, RequestResult
+from engine.model import TargetModel, build_target
+from engine.tokenizer import load_tokenizer
+from engine.weights import from_pretrained
+
+
+def load_models(model: str, *, seed: int, device: str, weights: str | None = None,
+                drafter_path: str | None = None) -> tuple[TargetModel, Drafter]:
+    """The target (a preset with seeded random weights, or a checkpoint) and its drafter."""
+    if weights:
+        target = from_pretrained(weights, device=device)
+        drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
+    else:
+        chosen = preset(model)
+        target = build_target(chosen.model, seed=seed, device=device)
+        drafter_config = chosen.drafter
+    if drafter_path:
+        return target, Drafter.load(drafter_path, device=device, dtype=target.dtype)
+    return target, build_drafter(drafter_config, target.config, seed=seed + 1, device=device, dtype=target.dtype)
+
+
+def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *, mode: str = "ddtree",
+             builder: str = "cpu", budget: int = 8, max_new_tokens: int = 32, eos_id: int | None = None,
+             nvtx: bool = True) -> list[RequestResult]:
+    """Decode all prompts together as one batch, each in its own cache slot."""
+    max_len = max(len(p) for p in prompts) + max_new_tokens + 1 + budget
+    engine = Engine(target, drafter, budget=budget, builder=builder, mode=mode, n_slots=len(prompts),
+                    max_len=max_len, nvtx=nvtx)
+    for i, prompt in enumerate(prompts):
+        engine.admit(i, prompt, max_new_tokens, eos_id)
+    while engine.active:
+        engine.step()
+    return [engine.result(i) for i in range(len(prompts))]
+
+
+def register(subcommands) -> None:
+    parser = subcommands.add_parser("generate", help="decode prompts (greedy), AR or DDTree",
+                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small", choices=list(PRESETS), help="model preset (default small)")
+    parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset")
+    parser.add_argument("--drafter", help="drafter safetensors file (default: seeded random weights)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--mode", default="ddtree", choices=["ddtree", "ar"])
+    parser.add_argument("--builder", default="cpu", choices=["cpu", "gpu"], help="DDTree tree builder")
+    parser.add_argument("--budget", type=int, default=8, help="draft tree nodes per step")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    tokenizer = load_tokenizer()
+    texts = args.prompt or ["The quick brown fox"]
+    target, drafter = load_models(args.model, seed=args.seed, device=args.device, weights=args.weights,
+                                  drafter_path=args.drafter)
+    prompts = [[tokenizer.bos_id] + tokenizer.encode(t) for t in texts]
+    results = generate(target, drafter, prompts, mode=args.mode, builder=args.builder, budget=args.budget,
+                       max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else tokenizer.eos_id,
+                       nvtx=not args.no_nvtx)
+    rows = [{"tokens": r.tokens, "target_forwards": r.target_forwards, "accept_lengths": r.accept_lengths,
+             "text": tokenizer.decode(r.tokens)} for r in results]
+    if args.json:
+        print(json.dumps(rows[0] if len(rows) == 1 else rows))
+    else:
+        _print_table(texts, rows, args)
+    return 0
+
+
+def _print_table(texts: list[str], rows: list[dict], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{args.model} · {args.mode}" + (f" · budget {args.budget} · {args.builder} builder"
+                                                          if args.mode == "ddtree" else ""))
+    for column in ("prompt", "generated", "tokens", "target forwards", "tokens / forward"):
+        table.add_column(column, justify="right" if column != "prompt" and column != "generated" else "left")
+    for text, row in zip(texts, rows):
+        table.add_row(repr(text), repr(row["text"]), str(len(row["tokens"])), str(row["target_forwards"]),
+                      f"{len(row['tokens']) / row['target_forwards']:.2f}")
+    Console().print(table)
