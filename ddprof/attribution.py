@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.errors import DdprofError
-from ddprof.intervals import contains, covered_length, first_cover, segment_of, union
+from ddprof.intervals import contains, covered_length, first_cover, segment_of, sorted_unique, union
 from ddprof.load import DTOH, Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
@@ -234,7 +234,7 @@ def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
         host_bounds, host_winner = host_cover[pid, tid]
         device_bounds, device_stage = device_cover[pid]
         lo, hi = starts[0], ends[-1]
-        cuts = np.unique(np.concatenate([
+        cuts = sorted_unique(np.concatenate([
             starts, ends, host_bounds[(host_bounds > lo) & (host_bounds < hi)],
             device_bounds[(device_bounds > lo) & (device_bounds < hi)]]))
         seg, length = cuts[:-1], np.diff(cuts)

@@ -15,6 +15,15 @@ import numpy as np
 _NONE = np.iinfo(np.int64).max
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for int64 boundaries: numpy 2's hash-based unique is ~10x slower than a sort here."""
+    values = np.sort(values)
+    keep = np.empty(values.size, bool)
+    keep[:1] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
 def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Boundaries `b` and, per elementary segment [b[k], b[k+1]), the winning covering interval.
 
@@ -28,7 +37,7 @@ def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) ->
     rank = np.empty(starts.size, np.int64)
     rank[np.asarray(precedence, np.int64)] = np.arange(starts.size)
     keep = np.flatnonzero(ends > starts)
-    bounds = np.unique(np.concatenate([starts[keep], ends[keep]]))
+    bounds = sorted_unique(np.concatenate([starts[keep], ends[keep]]))
     n = bounds.size - 1
     if n <= 0:
         return bounds, np.full(max(n, 0), -1, np.int64)

@@ -69,9 +69,10 @@ def load(path: Path) -> Trace:
                                   "not an Nsight Systems export")
             raise DdprofError(f"{sqlite_path}: export has no NVTX_EVENTS table: the capture recorded no "
                               "NVTX (profile with --trace=nvtx)")
-        ranges, marks, incomplete = _nvtx_frames(db)
-        runtime = _runtime_calls(db)
-        gpu_ops = _gpu_ops(db, runtime)
+        strings = _strings(db)
+        ranges, marks, incomplete = _nvtx_frames(db, strings)
+        runtime = _runtime_calls(db, strings)
+        gpu_ops = _gpu_ops(db, runtime, strings)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
@@ -83,25 +84,45 @@ def _tid(column: str) -> pl.Expr:
     return pl.col(column) % _ID_SPAN
 
 
-def _nvtx_frames(db: ExportDb) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _strings(db: ExportDb) -> pl.DataFrame:
+    """StringIds as (string_id, value): names are read as ids and joined here, never as text rows."""
+    schema = {"string_id": pl.Int64, "value": pl.String}
+    if "StringIds" not in db.tables:
+        return pl.DataFrame(schema=schema)
+    return db.frame("SELECT id, value FROM StringIds", schema)
+
+
+def _named(frame: pl.DataFrame, strings: pl.DataFrame, id_column: str, name: str) -> pl.DataFrame:
+    """Replace the string-id column `id_column` by its text, as column `name`."""
+    return (frame.join(strings.rename({"string_id": id_column, "value": name}), on=id_column, how="left")
+            .drop(id_column))
+
+
+def _nvtx_frames(db: ExportDb, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     table = "NVTX_EVENTS"
     has = db.columns(table)
-    name = db.first_col(table, "e", ("text",))
-    join = ""
-    if "textId" in has and "StringIds" in db.tables:
-        name = f"coalesce({name}, s.value)" if "text" in has else "s.value"
-        join = "LEFT JOIN StringIds s ON s.id = e.textId"
-    payload = db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))
-    payload_float = db.first_col(table, "e", ("doubleValue", "floatValue"))
     kinds = ", ".join(str(k) for k in (MARK, *RANGE_TYPES, DOMAIN_CREATE))
-    events = db.frame(
-        f"SELECT e.start, e.end, e.eventType, {name}, {db.col(table, 'e', 'domainId')}, e.globalTid, "
-        f"{db.col(table, 'e', 'endGlobalTid')}, {payload}, {payload_float} "
-        f"FROM {table} e {join} WHERE e.eventType IN ({kinds})",
-        {"start": pl.Int64, "end": pl.Int64, "event_type": pl.Int32, "name": pl.String,
-         "domain_id": pl.Int64, "global_tid": pl.Int64, "end_global_tid": pl.Int64,
-         "payload": pl.Int64, "payload_float": pl.Float64},
-    ).with_columns(pid=_pid("global_tid"), tid=_tid("global_tid"), domain_id=pl.col("domain_id").fill_null(0))
+    payload = db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))
+    events = db.int_frame(table, {
+        "row": "e.rowid", "start": "e.start", "end": db.col(table, "e", "end"), "event_type": "e.eventType",
+        "text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
+        "global_tid": "e.globalTid", "payload": payload,
+    }, where=f"e.eventType IN ({kinds})", nullable={"end", "text_id", "domain_id", "payload"})
+    # The rare columns come by row id: inline (unregistered) names, float payloads, cross-thread ends.
+    inline = _by_row(db, "e.text", "e.text IS NOT NULL", kinds, pl.String) if "text" in has else None
+    payload_float = db.first_col(table, "e", ("doubleValue", "floatValue"))
+    floats = _by_row(db, payload_float, f"{payload_float} IS NOT NULL", str(MARK), pl.Float64)
+    ended_elsewhere = (_by_row(db, "e.endGlobalTid", "e.endGlobalTid != e.globalTid",
+                               ", ".join(map(str, RANGE_TYPES)), pl.Int64) if "endGlobalTid" in has else None)
+
+    events = _named(events, strings, "text_id", "registered_name")
+    if inline is not None:
+        events = events.join(inline.rename({"value": "inline_name"}), on="row", how="left")
+    else:
+        events = events.with_columns(inline_name=pl.lit(None, pl.String))
+    events = events.with_columns(
+        name=pl.coalesce("inline_name", "registered_name"), pid=_pid("global_tid"), tid=_tid("global_tid"),
+        domain_id=pl.col("domain_id").fill_null(0))
 
     # A domain id names a domain only within the process that created it.
     domains = (events.filter(pl.col("event_type") == DOMAIN_CREATE)
@@ -111,17 +132,17 @@ def _nvtx_frames(db: ExportDb) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
               .join(domains, on=["pid", "domain_id"], how="left"))
 
     marks = (events.filter(pl.col("event_type") == MARK)
+             .join(floats.rename({"value": "payload_float"}), on="row", how="left")
              .select(time="start", name="name", domain="domain", pid="pid", tid="tid",
                      payload="payload", payload_float="payload_float")
              .sort("time"))
 
     trace_end = _trace_end(db)
-    ranges = events.filter(pl.col("event_type").is_in(RANGE_TYPES))
     unclosed = pl.col("end").is_null()
     if trace_end is not None:  # nsys closes still-open ranges at the end of the trace
         unclosed = unclosed | (pl.col("end") >= trace_end)
-    cross_thread = pl.col("end_global_tid").is_not_null() & (pl.col("end_global_tid") != pl.col("global_tid"))
-    ranges = ranges.with_columns(
+    cross_thread = pl.col("row").is_in(ended_elsewhere["row"].to_list() if ended_elsewhere is not None else [])
+    ranges = events.filter(pl.col("event_type").is_in(RANGE_TYPES)).with_columns(
         problem=pl.when(unclosed).then(pl.lit("unclosed"))
         .when(cross_thread).then(pl.lit("cross-thread"))
         .otherwise(pl.lit(None, dtype=pl.String)))
@@ -136,6 +157,14 @@ def _nvtx_frames(db: ExportDb) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
         pl.col("range_id").cast(pl.Int64), "start", "end", "name", "domain", "pid", "tid", "depth",
         "parent", "kind")
     return closed, marks, incomplete
+
+
+def _by_row(db: ExportDb, value: str, condition: str, kinds: str, dtype: pl.DataType) -> pl.DataFrame:
+    """(row, value) of the NVTX events of `kinds` that meet `condition` (few rows, any type)."""
+    if value == "NULL":
+        return pl.DataFrame(schema={"row": pl.Int64, "value": dtype})
+    return db.frame(f"SELECT e.rowid, {value} FROM NVTX_EVENTS e WHERE e.eventType IN ({kinds}) AND {condition}",
+                    {"row": pl.Int64, "value": dtype})
 
 
 def _trace_end(db: ExportDb) -> int | None:
@@ -181,44 +210,28 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
         parent=pl.when(pl.col("parent") >= 0).then(pl.col("parent")))
 
 
-def _runtime_calls(db: ExportDb) -> pl.DataFrame:
-    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    schema = {"start": pl.Int64, "end": pl.Int64, "global_tid": pl.Int64, "correlation_id": pl.Int64,
-              "api": pl.String}
-    if table not in db.tables:
-        frame = pl.DataFrame(schema=schema)
-    else:
-        frame = db.frame(f"SELECT r.start, r.end, r.globalTid, r.correlationId, s.value FROM {table} r "
-                         "LEFT JOIN StringIds s ON s.id = r.nameId", schema)
-    return frame.select(
-        "start", "end", pid=_pid("global_tid"), tid=_tid("global_tid"), correlation_id="correlation_id",
-        api=pl.col("api").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
+def _runtime_calls(db: ExportDb, strings: pl.DataFrame) -> pl.DataFrame:
+    calls = db.int_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
+        "start": "e.start", "end": "e.end", "global_tid": "e.globalTid", "correlation_id": "e.correlationId",
+        "name_id": "e.nameId"})
+    apis = strings.select("string_id", api=pl.col("value").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
+    return _named(calls, apis.rename({"api": "value"}), "name_id", "api").select(
+        "start", "end", pid=_pid("global_tid"), tid=_tid("global_tid"), correlation_id="correlation_id", api="api")
 
 
-def _gpu_ops(db: ExportDb, runtime: pl.DataFrame) -> pl.DataFrame:
-    schema = {"start": pl.Int64, "end": pl.Int64, "correlation_id": pl.Int64, "global_pid": pl.Int64,
-              "name": pl.String, "copy_kind": pl.Int32}
-    parts = []
-    kernel = "CUPTI_ACTIVITY_KIND_KERNEL"
-    if kernel in db.tables:
-        names = [c for c in ("shortName", "demangledName") if c in db.columns(kernel)]
-        joins = " ".join(f"LEFT JOIN StringIds n{i} ON n{i}.id = k.{c}" for i, c in enumerate(names))
-        name = f"coalesce({', '.join(f'n{i}.value' for i in range(len(names)))}, NULL)" if names else "NULL"
-        parts.append(db.frame(f"SELECT k.start, k.end, k.correlationId, k.globalPid, {name}, NULL "
-                              f"FROM {kernel} k {joins}", schema).with_columns(kind=pl.lit("kernel")))
-    memcpy = "CUPTI_ACTIVITY_KIND_MEMCPY"
-    if memcpy in db.tables:
-        frame = db.frame(f"SELECT m.start, m.end, m.correlationId, m.globalPid, NULL, "
-                         f"{db.col(memcpy, 'm', 'copyKind')} FROM {memcpy} m", schema)
-        label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String)
-        parts.append(frame.with_columns(kind=pl.lit("memcpy"),
-                                        name=pl.concat_str(pl.lit("[memcpy "), label.fill_null("?"), pl.lit("]"))))
-    memset = "CUPTI_ACTIVITY_KIND_MEMSET"
-    if memset in db.tables:
-        frame = db.frame(f"SELECT m.start, m.end, m.correlationId, m.globalPid, '[memset]', NULL "
-                         f"FROM {memset} m", schema)
-        parts.append(frame.with_columns(kind=pl.lit("memset")))
-    ops = pl.concat(parts) if parts else pl.DataFrame(schema=schema).with_columns(kind=pl.lit(None, pl.String))
+def _gpu_ops(db: ExportDb, runtime: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
+    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId", "global_pid": "e.globalPid"}
+    kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
+    kernels = db.int_frame(kernel, {**common, "name_id": db.first_col(kernel, "e", ("shortName", "demangledName"))},
+                           nullable={"name_id"})
+    copies = db.int_frame(memcpy, {**common, "copy_kind": db.col(memcpy, "e", "copyKind")}, nullable={"copy_kind"})
+    sets = db.int_frame(memset, common)
+    label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
+    ops = pl.concat([
+        _named(kernels, strings, "name_id", "name").with_columns(kind=pl.lit("kernel"), copy_kind=pl.lit(None, pl.Int64)),
+        copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
+        sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=pl.lit(None, pl.Int64)),
+    ], how="diagonal")
     launches = (runtime.select("pid", "correlation_id", launch_tid="tid", launch_start="start", launch_api="api")
                 .unique(["pid", "correlation_id"], keep="first"))
     return (ops.with_columns(pid=_pid("global_pid"))

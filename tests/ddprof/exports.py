@@ -18,7 +18,7 @@ import itertools
 import sqlite3
 from pathlib import Path
 
-from engine.stages import DOMAIN
+from engine.stages import DOMAIN, TOKENS_MARK
 
 MARK, PUSH_POP, START_END, DOMAIN_CREATE, DOMAIN_DESTROY = 34, 59, 60, 75, 76
 DTOH, HTOD = 2, 1
@@ -63,7 +63,7 @@ RUNTIME_COLUMNS = {
     "2022.4": ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId"),
     "2025.3": ("correlationId", "globalTid", "start", "end", "eventClass", "nameId", "returnValue", "callchainId"),
 }
-_TEXT_COLUMNS = {"text", "jsonText", "binaryData"}
+_COLUMN_TYPES = {"text": "TEXT", "jsonText": "TEXT", "binaryData": "BLOB", "doubleValue": "REAL", "floatValue": "REAL"}
 
 
 def global_tid(pid: int, tid: int) -> int:
@@ -75,7 +75,7 @@ def global_pid(pid: int) -> int:
 
 
 def _create(db: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> None:
-    spec = ", ".join(f"{c} {'TEXT' if c in _TEXT_COLUMNS else 'INTEGER'}" for c in columns)
+    spec = ", ".join(f"{c} {_COLUMN_TYPES.get(c, 'INTEGER')}" for c in columns)
     db.execute(f"CREATE TABLE {table} ({spec})")
 
 
@@ -126,29 +126,31 @@ class Export:
             row[payload_column] = payload
         self.nvtx.append(row)
 
-    def runtime_call(self, api: str, start: int, end: int, *, pid: int = 1, tid: int = 1) -> int:
-        correlation = next(self._correlation)
+    def runtime_call(self, api: str, start: int, end: int, *, pid: int = 1, tid: int = 1,
+                     correlation: int | None = None) -> int:
+        correlation = next(self._correlation) if correlation is None else correlation
         self.tables.setdefault("CUPTI_ACTIVITY_KIND_RUNTIME", []).append(dict(
             start=start, end=end, eventClass=1, globalTid=global_tid(pid, tid), correlationId=correlation,
             nameId=self.string_id(api), returnValue=0))
         return correlation
 
-    def _gpu(self, table: str, start: int, end: int, launch, api: str, pid: int, tid: int, **extra) -> int:
+    def _gpu(self, table: str, start: int, end: int, launch, api: str, pid: int, tid: int,
+             correlation: int | None = None, **extra) -> int:
         if launch is None:  # an op whose launch the trace lacks
-            correlation = next(self._correlation)
+            correlation = next(self._correlation) if correlation is None else correlation
         else:
-            correlation = self.runtime_call(api, *launch, pid=pid, tid=tid)
+            correlation = self.runtime_call(api, *launch, pid=pid, tid=tid, correlation=correlation)
         self.tables.setdefault(table, []).append(dict(
             start=start, end=end, deviceId=0, contextId=1, streamId=7, correlationId=correlation,
             globalPid=global_pid(pid), **extra))
         return correlation
 
     def kernel(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
-               name: str = "kernel", api: str = "cudaLaunchKernel_v7000") -> int:
+               name: str = "kernel", api: str = "cudaLaunchKernel_v7000", correlation: int | None = None) -> int:
         name_id = self.string_id(name)
-        return self._gpu("CUPTI_ACTIVITY_KIND_KERNEL", start, end, launch, api, pid, tid, shortName=name_id,
-                         demangledName=name_id, mangledName=name_id, gridX=1, gridY=1, gridZ=1, blockX=128,
-                         blockY=1, blockZ=1)
+        return self._gpu("CUPTI_ACTIVITY_KIND_KERNEL", start, end, launch, api, pid, tid, correlation,
+                         shortName=name_id, demangledName=name_id, mangledName=name_id, gridX=1, gridY=1, gridZ=1,
+                         blockX=128, blockY=1, blockZ=1)
 
     def memcpy(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
                copy_kind: int = DTOH, api: str = "cudaMemcpyAsync_v3020") -> int:
@@ -161,33 +163,75 @@ class Export:
                          memKind=2)
 
     def write(self, path: Path) -> Path:
-        path = Path(path)
-        path.unlink(missing_ok=True)
-        db = sqlite3.connect(path)
-        db.execute("CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)")
-        db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, v) for v, i in self.strings.items()])
         ends = [r.get("end") or r["start"] for r in self.nvtx] + [
             r["end"] for rows in self.tables.values() for r in rows]
         duration = self.trace_end if self.trace_end is not None else max(ends, default=0) + 1_000
-        db.execute("CREATE TABLE ANALYSIS_DETAILS (globalVid INTEGER NOT NULL, duration INTEGER NOT NULL, "
-                   "startTime INTEGER NOT NULL, stopTime INTEGER NOT NULL)")
-        db.execute("INSERT INTO ANALYSIS_DETAILS VALUES (?, ?, ?, ?)", (_VM, duration, 5_000, 5_000 + duration))
         nvtx = self.nvtx + [dict(start=duration - 10, eventType=DOMAIN_DESTROY, globalTid=global_tid(pid, 1),
                                  domainId=domain_id) for (pid, _), domain_id in self.domain_ids.items()]
-        self._insert(db, "NVTX_EVENTS", NVTX_COLUMNS[self.schema], nvtx)
-        columns = {"CUPTI_ACTIVITY_KIND_KERNEL": KERNEL_COLUMNS, "CUPTI_ACTIVITY_KIND_MEMCPY": MEMCPY_COLUMNS,
-                   "CUPTI_ACTIVITY_KIND_MEMSET": MEMSET_COLUMNS, "CUPTI_ACTIVITY_KIND_RUNTIME": RUNTIME_COLUMNS}
-        for table, rows in self.tables.items():
-            self._insert(db, table, columns[table][self.schema], rows)
-        db.commit()
-        db.close()
-        return path
+        tables = {"NVTX_EVENTS": nvtx, **self.tables}
+        return write_tables(path, self.schema, self.strings, duration, {
+            table: {c: [row.get(c) for row in rows] for c in {key for row in rows for key in row}}
+            for table, rows in tables.items()})
 
-    @staticmethod
-    def _insert(db: sqlite3.Connection, table: str, columns: tuple[str, ...], rows: list[dict]) -> None:
+
+COLUMNS = {"NVTX_EVENTS": NVTX_COLUMNS, "CUPTI_ACTIVITY_KIND_KERNEL": KERNEL_COLUMNS,
+           "CUPTI_ACTIVITY_KIND_MEMCPY": MEMCPY_COLUMNS, "CUPTI_ACTIVITY_KIND_MEMSET": MEMSET_COLUMNS,
+           "CUPTI_ACTIVITY_KIND_RUNTIME": RUNTIME_COLUMNS}
+
+
+def write_tables(path: Path, schema: str, strings: dict[str, int], duration: int,
+                 tables: dict[str, dict[str, list]]) -> Path:
+    """Write an export from column lists (absent columns are NULL): the bulk path benchmarks use."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)")
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, v) for v, i in strings.items()])
+    db.execute("CREATE TABLE ANALYSIS_DETAILS (globalVid INTEGER NOT NULL, duration INTEGER NOT NULL, "
+               "startTime INTEGER NOT NULL, stopTime INTEGER NOT NULL)")
+    db.execute("INSERT INTO ANALYSIS_DETAILS VALUES (?, ?, ?, ?)", (_VM, duration, 5_000, 5_000 + duration))
+    for table, data in tables.items():
+        columns = COLUMNS[table][schema]
+        unknown = set(data) - set(columns)
+        if any(any(v is not None for v in data[c]) for c in unknown):
+            raise ValueError(f"{table} has no columns {sorted(unknown)} in the {schema} schema")
         _create(db, table, columns)
-        unknown = {key for row in rows for key in row} - set(columns)
-        if unknown - {"floatValue", "jsonText", "jsonTextId"}:
-            raise ValueError(f"{table} has no columns {sorted(unknown)} in this schema")
+        rows = max((len(v) for v in data.values()), default=0)
+        values = [data[c] if c in data else itertools.repeat(None, rows) for c in columns]
         db.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                       [tuple(row.get(c) for c in columns) for row in rows])
+                       zip(*values))
+    db.commit()
+    db.close()
+    return path
+
+
+def example(schema: str) -> Export:
+    """A small, varied trace with known answers (see tests/ddprof/test_load.py), in either schema:
+    two steps in process 7 with CCCL ranges, kernels running into the next stage, a memcpy, a
+    memset, a synchronize, token marks; process 8 reuses process 7's domain ids the other way round."""
+    export = Export(schema)
+    export.declare_domain(DOMAIN, pid=7, tid=70)
+    export.declare_domain("CCCL", pid=7, tid=70)
+    export.declare_domain("CCCL", pid=8, tid=80)
+    export.declare_domain(DOMAIN, pid=8, tid=80)
+    export.range("prefill", 0, 900, pid=7, tid=70)
+    for start in (1_000, 2_000):
+        export.range("step", start, start + 800, pid=7, tid=70)
+        for offset, name in enumerate(("draft", "tree_build", "verify", "accept", "kv_compact", "sampling")):
+            export.range(name, start + 100 * offset, start + 100 * offset + 90, pid=7, tid=70)
+        export.range("cub::DeviceScan", start + 210, start + 230, domain="CCCL", pid=7, tid=70)
+        export.kernel(start + 20, start + 150, launch=(start + 5, start + 10), pid=7, tid=70, name="draft_gemm")
+        export.memcpy(start + 305, start + 320, launch=(start + 300, start + 325), pid=7, tid=70,
+                      api="cudaMemcpy_v3020")
+        export.memset(start + 410, start + 415, launch=(start + 405, start + 406), pid=7, tid=70)
+        export.runtime_call("cudaStreamSynchronize_v3020", start + 520, start + 560, pid=7, tid=70)
+        export.mark(TOKENS_MARK, start + 800, 3 if start == 1_000 else 5, pid=7, tid=70)
+    export.range("step", 1_000, 1_500, domain="CCCL", pid=8, tid=80)  # not a step: CCCL in process 8
+    export.mark(TOKENS_MARK, 1_600, 7, pid=8, tid=80)
+    return export
+
+
+if __name__ == "__main__":  # regenerate the committed fixture: python -m tests.ddprof.exports
+    target = Path(__file__).resolve().parents[1] / "data" / "ddtree_nsys2025_schema.sqlite"
+    target.parent.mkdir(exist_ok=True)
+    print(example("2025.3").write(target))

@@ -1,0 +1,147 @@
+"""ddprof.load on hand-built exports in both schema versions, and its one-line errors on bad input."""
+
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ddprof.errors import DdprofError
+from ddprof.load import load
+from engine.stages import DOMAIN, STEP, TOKENS_MARK
+from tests.ddprof.exports import DTOH, Export, example
+
+FIXTURE_2025 = Path(__file__).resolve().parents[1] / "data" / "ddtree_nsys2025_schema.sqlite"
+
+
+def test_both_schema_versions_load_to_the_same_frames(tmp_path):
+    old = load(example("2022.4").write(tmp_path / "old.sqlite"))
+    new = load(example("2025.3").write(tmp_path / "new.sqlite"))
+    for name in ("ranges", "marks", "incomplete", "gpu_ops", "runtime"):
+        assert getattr(old, name).equals(getattr(new, name)), name
+
+
+def test_committed_2025_fixture_loads_by_column_name():
+    with sqlite3.connect(FIXTURE_2025) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(NVTX_EVENTS)")}
+        kernel_columns = {row[1] for row in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+    assert "binaryData" in columns and "jsonText" not in columns and "greenContextId" in kernel_columns
+    trace = load(FIXTURE_2025)
+    ddtree = trace.ranges.filter(pl.col("domain") == DOMAIN)
+    assert ddtree.height == 1 + 2 * 7  # prefill, and two steps of a step and six stages
+    assert trace.ranges.filter(pl.col("domain") == "CCCL")["name"].to_list() == [
+        "cub::DeviceScan", "cub::DeviceScan", STEP]
+    assert trace.marks.select("name", "domain", "pid", "payload").rows() == [
+        (TOKENS_MARK, DOMAIN, 8, 7), (TOKENS_MARK, DOMAIN, 7, 3), (TOKENS_MARK, DOMAIN, 7, 5)]
+    assert trace.gpu_ops["kind"].to_list() == ["kernel", "memcpy", "memset"] * 2
+    assert trace.gpu_ops.filter(pl.col("kind") == "kernel")["name"].unique().to_list() == ["draft_gemm"]
+    assert set(trace.runtime["api"]) == {"cudaLaunchKernel", "cudaMemcpy", "cudaMemsetAsync", "cudaStreamSynchronize"}
+
+
+def test_names_threads_payloads_and_nesting(tmp_path):
+    export = Export()
+    export.range("outer", 0, 100, pid=4839, tid=4847)
+    export.range("inner", 10, 50, pid=4839, tid=4847, registered=False)  # inline `text`
+    export.range("zero", 10, 10, pid=4839, tid=4847)                     # zero-length, at inner's start
+    export.range("sibling", 50, 60, pid=4839, tid=4847)                  # touches inner's end
+    export.range("other_thread", 20, 30, pid=4839, tid=4848)
+    export.range("cub", 20, 30, domain="CCCL", pid=4839, tid=4847)         # own stack per domain
+    export.mark("tokens", 70, 2**40, pid=4839, tid=4847, payload_column="uint64Value")
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    ranges = {row["name"]: row for row in trace.ranges.iter_rows(named=True)}
+    assert {row["pid"] for row in ranges.values()} == {4839}
+    assert ranges["other_thread"]["tid"] == 4848 and ranges["outer"]["tid"] == 4847
+    depth = {name: row["depth"] for name, row in ranges.items()}
+    assert depth == {"outer": 0, "inner": 1, "zero": 2, "sibling": 1, "other_thread": 0, "cub": 0}
+    parent = {name: row["parent"] for name, row in ranges.items()}
+    assert parent["inner"] == parent["sibling"] == ranges["outer"]["range_id"]
+    assert parent["zero"] == ranges["inner"]["range_id"] and parent["cub"] is None
+    assert trace.marks.select("name", "payload", "tid").rows() == [("tokens", 2**40, 4847)]
+
+
+def test_gpu_ops_join_their_launch_by_correlation_id_within_the_process(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100, pid=1)
+    export.kernel(10, 20, launch=(1, 2), pid=1, tid=11, correlation=7, name="k1")
+    export.kernel(30, 40, launch=(3, 4), pid=2, tid=22, correlation=7, name="k2")  # same id, other process
+    export.memcpy(50, 60, launch=(5, 6), pid=1, tid=12, copy_kind=DTOH)
+    export.memset(70, 80, launch=None, pid=1, tid=11)
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    assert trace.gpu_ops.select("name", "pid", "launch_tid", "launch_start", "launch_api").rows() == [
+        ("k1", 1, 11, 1, "cudaLaunchKernel"), ("k2", 2, 22, 3, "cudaLaunchKernel"),
+        ("[memcpy DtoH]", 1, 12, 5, "cudaMemcpyAsync"), ("[memset]", 1, None, None, None)]
+
+
+def test_absent_gpu_tables_give_empty_frames(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    assert trace.gpu_ops.height == 0 and trace.runtime.height == 0 and not trace.has_gpu_activity
+
+
+def test_real_export_rows_that_are_not_ranges_or_marks_are_ignored(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    path = export.write(tmp_path / "run.sqlite")
+    with sqlite3.connect(path) as db:  # a category name event (33) and a thread name (39), as nsys writes
+        db.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid) VALUES (5, 33, 'cat', 1)")
+        db.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid) VALUES (6, 39, 'main', 1)")
+    trace = load(path)
+    assert trace.ranges["name"].to_list() == [STEP] and trace.marks.height == 0
+
+
+def test_nsys_rep_with_a_sibling_export_reads_the_sibling(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    export.write(tmp_path / "run.sqlite")
+    (tmp_path / "run.nsys-rep").write_bytes(b"a report nsys would need to export")
+    assert load(tmp_path / "run.nsys-rep").source == tmp_path / "run.sqlite"
+
+
+def _sqlite_without_nvtx(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+
+
+def _other_sqlite(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (x)")
+
+
+def _truncated(path: Path) -> None:
+    export = Export()
+    for i in range(2000):
+        export.range(STEP, i * 10, i * 10 + 5)
+    full = export.write(path.with_suffix(".full"))
+    path.write_bytes(full.read_bytes()[:8192])
+
+
+def _corrupted(path: Path) -> None:
+    export = Export()
+    for i in range(2000):
+        export.range(STEP, i * 10, i * 10 + 5)
+    data = bytearray(export.write(path.with_suffix(".full")).read_bytes())
+    data[4096:-4096] = b"\xff" * (len(data) - 8192)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("make, message", [
+    (None, "no such file"),
+    (lambda p: p.mkdir(), "not a file"),
+    (lambda p: p.write_text("start,end\n1,2\n"), "not an SQLite file"),
+    (lambda p: p.write_bytes(b""), "not an SQLite file"),
+    (_truncated, r"truncated SQLite file \(8192 of \d+ bytes\)"),
+    (_corrupted, "unreadable SQLite"),
+    (_sqlite_without_nvtx, "export has no NVTX_EVENTS table"),
+    (_other_sqlite, "without NVTX_EVENTS or StringIds: not an Nsight Systems export"),
+    (lambda p: p.with_suffix(".nsys-rep").write_bytes(b"junk"), "nsys export failed|newer Nsight Systems"),
+])
+def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, make, message):
+    path = tmp_path / "input.sqlite"
+    if make is not None:
+        make(path)
+    if path.with_suffix(".nsys-rep").exists():
+        path = path.with_suffix(".nsys-rep")
+    with pytest.raises(DdprofError, match=message) as caught:
+        load(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
