@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine import generate
+from engine import generate, serve
 from engine.errors import EngineError
 
-SUBCOMMANDS = [generate]  # modules with register(subparsers); each sets `run` as its default
+SUBCOMMANDS = [generate, serve]  # modules with register(subparsers); each sets `run` as its default
 
 
 def main(argv: list[str] | None = None) -> int:

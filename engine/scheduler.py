@@ -1,0 +1,85 @@
+"""Continuous batching with admission control over the Engine's serving API.
+
+Requests wait in a FIFO queue. Before every decode step the scheduler admits (prefills) queued
+requests while fewer than `concurrency` are in flight and the engine's KV cache has room for the
+next one; when it has none, the queue waits -- the cache is never over-committed. One
+`engine.step()` then advances every request in flight by one batched decode step; requests that
+finished (EOS or their token budget) leave and free their slot for the queue.
+
+The queue is strictly first-come-first-served (no request overtakes a waiting one), so the order
+of admissions is a pure function of the requests and the engine's capacity.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request: a tokenised prompt and at most how many tokens to generate."""
+
+    request_id: int
+    prompt_tokens: list[int]
+    max_new_tokens: int
+
+
+@dataclass
+class ServeResult:
+    """What a serving run produced, counted the way the trace counts it.
+
+    `step_tokens` is what the decode steps committed (the sum of the `tokens` NVTX marks);
+    each request's first token comes from its prefill, so `prefill_tokens` is counted apart.
+    """
+
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # request id -> every token generated
+    target_forwards: int = 0  # prefills + per-request decode steps
+    steps: int = 0
+    step_tokens: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.generated_tokens - self.step_tokens
+
+
+def serve(engine, requests: Iterable[Request], concurrency: int, *, eos_id: int | None = None,
+          on_finished: Callable[[int, list[int]], None] | None = None) -> ServeResult:
+    """Run `requests` to completion through `engine` (an engine.engine.Engine).
+
+    `on_finished(request_id, tokens)` is called as each request leaves the batch.
+    """
+    if concurrency < 1:
+        raise EngineError(f"concurrency must be at least 1 (got {concurrency})")
+    queue = deque(requests)
+    result = ServeResult()
+    while queue or engine.active:
+        admitted = 0
+        while queue and engine.active < concurrency and engine.can_admit(
+                len(queue[0].prompt_tokens), queue[0].max_new_tokens):
+            request = queue.popleft()
+            engine.admit(request.request_id, request.prompt_tokens, request.max_new_tokens, eos_id=eos_id)
+            admitted += 1
+        if engine.active:
+            committed = engine.step()
+            result.steps += 1
+            result.step_tokens += sum(len(tokens) for tokens in committed.values())
+        elif not admitted:
+            head = queue[0]
+            raise EngineError(f"request {head.request_id} ({len(head.prompt_tokens)} prompt + "
+                              f"{head.max_new_tokens} new tokens) does not fit in an empty KV cache")
+        for request_id in engine.finished():  # also those done at prefill (EOS or max_new_tokens 1)
+            done = engine.result(request_id)
+            engine.release(request_id)
+            result.tokens[request_id] = done.tokens
+            result.target_forwards += done.target_forwards
+            if on_finished:
+                on_finished(request_id, done.tokens)
+    return result

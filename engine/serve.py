@@ -1,0 +1,148 @@
+"""`python -m engine serve`: run a workload through the continuous-batching scheduler.
+
+This is the program `ddprof capture` profiles. It writes nothing to stdout (nsys stores the
+profiled program's stdout inside the report); instead it appends "done total" lines to
+`--progress` as requests finish and writes the run's JSON summary to `--summary`.
+
+Counting, so that the trace and the summary agree: `tokens` is what the decode steps committed
+(the sum of the trace's `tokens` marks); each request's first token comes from its prefill and is
+counted in `prefill_tokens`; `tok_per_s` is every generated token (`generated_tokens`) per second
+of the serving loop (`wall_s`, first admission to last release; model set-up excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from engine.config import PRESETS, preset
+from engine.errors import EngineError
+from engine.scheduler import serve
+from engine.tokenizer import load_tokenizer
+from engine.workloads import WORKLOADS, generate
+
+# Defaults sized so `make demo` (chat, concurrency 32, small model, CPU) captures in minutes on 2 cores.
+DEFAULT_MODEL = "small"
+DEFAULT_BUDGET = 8
+DEFAULT_REQUESTS = 64
+DEFAULT_MAX_NEW_TOKENS = 32
+WEIGHT_SEED = 0  # target weights; the drafter uses WEIGHT_SEED + 1
+
+
+def register(subcommands) -> None:
+    parser = subcommands.add_parser("serve", help="Serve a workload with continuous batching (what ddprof capture profiles).",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", required=True, help=f"one of {', '.join(WORKLOADS)}")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight at once (default 32)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL})")
+    parser.add_argument("--builder", default="cpu", help="tree builder: cpu or gpu (default cpu)")
+    parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"tree nodes per step (default {DEFAULT_BUDGET})")
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help=f"default {DEFAULT_REQUESTS}")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                        help=f"cap on each request's answer length (default {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--summary", type=Path, help="write the run's JSON summary here")
+    parser.add_argument("--progress", type=Path, help="append 'done total' lines here as requests finish")
+    parser.add_argument("--check", action="store_true", help="validate the arguments and requests, then exit")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    for name in ("concurrency", "budget", "requests", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    config = preset(args.model)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise EngineError(f"unknown device {device!r}; choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EngineError("--device cuda: no CUDA device is available here")
+    from engine.ddtree import tree_builder
+
+    tree_builder(args.builder, torch.device(device))  # an unknown or unavailable builder fails here, before any work
+    tokenizer = load_tokenizer()
+    requests = generate(args.workload, args.requests, args.seed, tokenizer, max_new_tokens=args.max_new_tokens)
+    max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + args.budget
+    limit = config.model.max_position_embeddings - config.drafter.block_size
+    if max_len > limit:
+        raise EngineError(f"workload {args.workload} needs {max_len} cache rows per request; model {args.model} "
+                          f"holds {limit} (max_position_embeddings minus the drafter's block)")
+    if args.check:
+        return 0
+
+    from engine.engine import Engine
+    from engine.generate import load_models
+
+    target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
+    engine = Engine(target, drafter, budget=args.budget, builder=args.builder, n_slots=args.concurrency,
+                    max_len=max_len, device=device)
+    progress = _Progress(args.progress, len(requests))
+    start = time.perf_counter()
+    result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
+                   on_finished=lambda request_id, tokens: progress.advance())
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall_s = time.perf_counter() - start
+    if args.summary:
+        _write_json(args.summary, {
+            "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
+            "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
+            "requests": len(requests), "max_new_tokens": args.max_new_tokens,
+            "weights": f"random (seed {WEIGHT_SEED})",
+            "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
+            "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
+            "generated_tokens": result.generated_tokens, "steps": result.steps,
+            "target_forwards": result.target_forwards,
+            "wall_s": round(wall_s, 3), "tok_per_s": round(result.generated_tokens / wall_s, 2),
+            "device": _device_name(device),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "triton": _triton_version()},
+        })
+    return 0
+
+
+class _Progress:
+    """Appends "done total" lines that a watching process can tail (each line written whole)."""
+
+    def __init__(self, path: Path | None, total: int):
+        self._path, self._done, self._total = path, 0, total
+        self._write()
+
+    def advance(self) -> None:
+        self._done += 1
+        self._write()
+
+    def _write(self) -> None:
+        if self._path:
+            with open(self._path, "a") as progress:
+                progress.write(f"{self._done} {self._total}\n")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader never sees half a summary."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"cpu: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
