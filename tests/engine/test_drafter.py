@@ -1,0 +1,51 @@
+"""The block drafter: proposal shapes and normalisation, trainability, save/load."""
+
+import torch
+
+from engine.config import preset
+from engine.drafter import Drafter, DrafterCache, build_drafter, propose
+
+P = preset("tiny")
+
+
+def test_proposals_are_normalised_top_k_log_probs(tiny):
+    target, drafter = tiny
+    cache = DrafterCache(drafter, n_slots=3, rows=64)
+    slots, lengths = torch.tensor([2, 0]), torch.tensor([9, 4])
+    features = torch.randn(2, 9, target.config.hidden_size * len(drafter.config.target_layer_ids))
+    cache.append(drafter, slots, features, torch.arange(9).expand(2, 9))
+    log_probs, ids = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=5)
+    depth = drafter.config.depth
+    assert log_probs.shape == ids.shape == (2, depth, 5)
+    assert (log_probs <= 0).all() and (log_probs.diff(dim=-1) <= 0).all()
+    assert (ids.sort(-1).values.diff(dim=-1) > 0).all()  # distinct tokens per depth
+    # top-k of a full distribution: K = vocab recovers probabilities summing to one.
+    full, _ = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=target.config.vocab_size)
+    torch.testing.assert_close(full.exp().sum(-1), torch.ones(2, depth))
+    # Context rows past a request's length are invisible.
+    cache.kv[:, 0, 4:] = 1e3
+    again, _ = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=5)
+    torch.testing.assert_close(again, log_probs)
+
+
+def test_forward_is_differentiable(tiny):
+    target, _ = tiny
+    drafter = build_drafter(P.drafter, P.model, seed=4).requires_grad_(True)
+    features = torch.randn(2, 6, P.model.hidden_size * len(P.drafter.target_layer_ids))
+    context = drafter.context_kv(features, torch.arange(6).expand(2, 6))
+    block = target.embed(torch.tensor([[65] + [P.drafter.mask_token_id] * P.drafter.depth] * 2))
+    hidden = drafter(block, torch.arange(6, 6 + P.drafter.block_size).expand(2, -1), context,
+                     torch.ones(2, 6, dtype=torch.bool))
+    loss = torch.nn.functional.cross_entropy(target.logits(hidden[:, 1:]).flatten(0, 1),
+                                             torch.randint(0, 256, (2 * P.drafter.depth,)))
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+
+
+def test_save_and_load_round_trip(tmp_path):
+    drafter = build_drafter(P.drafter, P.model, seed=9)
+    drafter.save(str(tmp_path / "drafter.safetensors"))
+    loaded = Drafter.load(str(tmp_path / "drafter.safetensors"))
+    assert loaded.config == drafter.config and loaded.target_config == drafter.target_config
+    for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name

@@ -1,0 +1,144 @@
+"""The serving API: admission and capacity, stepping, stop rules, release, and the NVTX sequence."""
+
+import pytest
+
+import engine.nvtx_ranges
+from engine.engine import Engine
+from engine.errors import EngineError
+from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
+
+PROMPT = [256, 72, 101, 108, 108, 111]
+
+
+def make(tiny, **kwargs):
+    target, drafter = tiny
+    options = dict(budget=4, n_slots=2, max_len=64, nvtx=False) | kwargs
+    return Engine(target, drafter, **options)
+
+
+def run_alone(tiny, prompt, max_new, **kwargs):
+    engine = make(tiny, **kwargs)
+    engine.admit("r", prompt, max_new)
+    while engine.active:
+        engine.step()
+    return engine.result("r").tokens
+
+
+def test_capacity_and_admission_errors(tiny):
+    engine = make(tiny)
+    assert engine.can_admit(64 - 10 - 5, 10) and not engine.can_admit(64 - 10 - 4, 10)  # prompt + new + 1 + budget
+    engine.admit("a", PROMPT, 10)
+    with pytest.raises(EngineError, match="already admitted"):
+        engine.admit("a", PROMPT, 10)
+    engine.admit("b", PROMPT, 10)
+    assert not engine.can_admit(1, 1)  # both slots taken
+    with pytest.raises(EngineError, match="no free slot"):
+        engine.admit("c", PROMPT, 10)
+    with pytest.raises(EngineError, match="non-empty prompt"):
+        make(tiny).admit("d", [], 10)
+
+
+def test_step_finish_release_and_slot_reuse(tiny):
+    engine = make(tiny)
+    engine.admit("a", PROMPT, 12)
+    first = engine.result("a").tokens
+    assert len(first) == 1 and engine.active == 1 and engine.finished() == []
+    emitted = list(first)
+    while engine.active:
+        new = engine.step()
+        assert set(new) == {"a"} and len(new["a"]) >= 1
+        emitted += new["a"]
+    assert engine.finished() == ["a"] and engine.step() == {}
+    assert emitted == engine.result("a").tokens and len(emitted) == 12
+    engine.release("a")
+    with pytest.raises(EngineError, match="unknown request"):
+        engine.result("a")
+    # The freed slot still holds a's rows; a new request in it is unaffected.
+    assert run_alone(tiny, PROMPT[:3], 9) == _decode_in(engine, PROMPT[:3], 9)
+
+
+def _decode_in(engine, prompt, max_new):
+    engine.admit("again", prompt, max_new)
+    while engine.active:
+        engine.step()
+    return engine.result("again").tokens
+
+
+def test_request_admitted_mid_flight_matches_decoding_alone(tiny):
+    engine = make(tiny, n_slots=3, max_len=96)
+    engine.admit(0, PROMPT, 30)
+    for _ in range(5):
+        engine.step()
+    engine.admit(1, PROMPT[:2] + [50] * 20, 16)
+    while engine.active:
+        engine.step()
+    assert engine.result(1).tokens == run_alone(tiny, PROMPT[:2] + [50] * 20, 16, max_len=96)
+    assert engine.result(0).tokens == run_alone(tiny, PROMPT, 30, max_len=96)
+
+
+def test_stops_at_eos(tiny):
+    tokens = run_alone(tiny, PROMPT, 20)
+    eos = tokens[6]
+    engine = make(tiny)
+    engine.admit("e", PROMPT, 20, eos_id=eos)
+    while engine.active:
+        engine.step()
+    got = engine.result("e").tokens
+    assert got == tokens[:tokens.index(eos) + 1]
+
+
+def test_max_new_tokens_one_finishes_at_prefill(tiny):
+    engine = make(tiny)
+    engine.admit("x", PROMPT, 1)
+    assert engine.active == 0 and engine.finished() == ["x"] and engine.result("x").target_forwards == 1
+
+
+@pytest.fixture
+def nvtx_calls(monkeypatch):
+    calls = []
+    fake = type("FakeNvtx", (), {
+        "push_range": staticmethod(lambda name, domain: calls.append(("push", name, domain))),
+        "pop_range": staticmethod(lambda domain: calls.append(("pop", None, domain))),
+        "mark": staticmethod(lambda name, payload, domain: calls.append(("mark", name, domain, payload))),
+    })
+    monkeypatch.setattr(engine.nvtx_ranges, "nvtx", fake)
+    return calls
+
+
+def split_steps(calls):
+    """The call sequence as [(prefill...)...] and per step (inner range names, mark payload)."""
+    assert all(c[2] == DOMAIN for c in calls)
+    prefills, steps, i = 0, [], 0
+    while i < len(calls):
+        kind, name = calls[i][:2]
+        if (kind, name) == ("push", PREFILL):
+            assert calls[i + 1][:2] == ("pop", None)
+            prefills, i = prefills + 1, i + 2
+            continue
+        assert (kind, name) == ("push", STEP)
+        j, inner = i + 1, []
+        while calls[j][0] == "push":
+            assert calls[j + 1][:2] == ("pop", None)  # stages do not nest
+            inner.append(calls[j][1])
+            j += 2
+        assert calls[j][:2] == ("pop", None) and calls[j + 1][:2] == ("mark", TOKENS_MARK)
+        steps.append((inner, calls[j + 1][3]))
+        i = j + 2
+    return prefills, steps
+
+
+@pytest.mark.parametrize("mode,stages", [("ddtree", list(STAGES)), ("ar", ["verify", "sampling"])])
+def test_nvtx_sequence(tiny, nvtx_calls, mode, stages):
+    engine = make(tiny, mode=mode, nvtx=True)
+    engine.admit("a", PROMPT, 9)
+    engine.admit("b", PROMPT[:2], 5)
+    while engine.active:
+        engine.step()
+    prefills, steps = split_steps(nvtx_calls)
+    assert prefills == 2 and steps and all(inner == stages for inner, _ in steps)
+    assert sum(payload for _, payload in steps) == (9 - 1) + (5 - 1)  # the first tokens come from prefill
+
+
+def test_nvtx_off_emits_nothing(tiny, nvtx_calls):
+    run_alone(tiny, PROMPT, 6, nvtx=False)
+    assert nvtx_calls == []

@@ -1,0 +1,68 @@
+"""`python -m engine generate` end to end, and the tree-builder choice."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import engine.ddtree
+from engine.errors import EngineError
+from engine.generate import generate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "engine", "generate", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+
+
+def generate_json(mode, budget, prompt="Hello, world"):
+    done = cli("--model", "tiny", "--seed", "0", "--mode", mode, "--builder", "cpu", "--budget", str(budget),
+               "--max-new-tokens", "20", "--prompt", prompt, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_cli_ddtree_prints_the_ar_tokens():
+    ar = generate_json("ar", 4)
+    assert set(ar) >= {"tokens", "target_forwards", "accept_lengths"}
+    assert len(ar["tokens"]) == 20 and ar["target_forwards"] == 20 and ar["accept_lengths"] == []
+    for budget in (2, 12):
+        dd = generate_json("ddtree", budget)
+        assert dd["tokens"] == ar["tokens"]
+        assert dd["target_forwards"] == 1 + len(dd["accept_lengths"])
+        assert len(dd["tokens"]) <= 1 + sum(1 + n for n in dd["accept_lengths"])
+
+
+def test_cli_gpu_builder_without_cuda_is_a_one_line_error():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = cli("--model", "tiny", "--builder", "gpu", "--prompt", "hi", env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: --builder gpu")
+
+
+def test_missing_gpu_builder_is_named(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton_kernels.tree_build" else real(name, *a))
+    with pytest.raises(EngineError, match="triton_kernels/tree_build.py"):
+        engine.ddtree.tree_builder("gpu", torch.device("cuda"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton_kernels.tree_build") is None, reason="no GPU builder yet")
+def test_gpu_builder_is_lossless_too(tiny):
+    """The Triton builder (interpreted on the CPU) is what the step calls with builder="gpu"."""
+    target, drafter = tiny
+    if not torch.cuda.is_available():
+        assert os.environ.get("TRITON_INTERPRET") == "1"  # set by tests/conftest.py
+    prompts = [[256, 72, 105], [256] + [70] * 12]
+    ar = generate(target, drafter, prompts, mode="ar", max_new_tokens=8, nvtx=False)
+    gpu = generate(target, drafter, prompts, mode="ddtree", builder="gpu", budget=6, max_new_tokens=8, nvtx=False)
+    cpu = generate(target, drafter, prompts, mode="ddtree", builder="cpu", budget=6, max_new_tokens=8, nvtx=False)
+    assert [r.tokens for r in gpu] == [r.tokens for r in ar]
+    assert [r.accept_lengths for r in gpu] == [r.accept_lengths for r in cpu]

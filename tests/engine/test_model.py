@@ -1,0 +1,144 @@
+"""The target's parts against independent references: MLA forms, MoE routing, RoPE/YaRN, configs."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import preset
+from engine.model import MoE, Rotary, build_target, linear, rope_frequencies, yarn_mscale
+
+TINY = preset("tiny").model
+
+
+def relative_error(got, want):
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def target64():
+    return build_target(TINY, seed=3, dtype=torch.float64)
+
+
+def test_absorbed_attention_matches_decompressed_float64(target64):
+    """Weight absorption is exact algebra: one token at a time, or a causal block as a tree."""
+    attn = target64.model.layers[0].self_attn
+    n = 70  # crosses an attention key chunk
+    x = torch.randn(n, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(n)
+    kv = torch.zeros(2, 128, TINY.latent_dim, dtype=torch.float64)
+    want = attn.decompressed(x, positions, kv, slot=0)  # float64 reference
+    slots = torch.tensor([1])
+    for t in (0, 1, 40, n - 1):
+        kv[1, :t] = kv[0, :t]
+        got = attn.absorbed(x[None, t:t + 1], positions[None, t:t + 1], kv, slots, torch.tensor([t]),
+                            torch.ones(1, 1, 1, dtype=torch.bool))
+        assert relative_error(got[0, 0], want[t]) < 1e-5
+    # The last 12 tokens as one block whose tree is a chain (causal): the verify path.
+    start = n - 12
+    chain = torch.ones(12, 12, dtype=torch.bool).tril()[None]
+    got = attn.absorbed(x[None, start:], positions[None, start:], kv, slots, torch.tensor([start]), chain)
+    assert relative_error(got[0], want[start:]) < 1e-5
+
+
+def naive_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3 routing written out per token, with torch's own sigmoid/silu/linear."""
+    c = moe.gate.config
+    out = []
+    for token in x:
+        scores = torch.sigmoid(moe.gate.weight.double() @ token)
+        choice = scores + moe.gate.e_score_correction_bias.double()
+        per_group = c.n_routed_experts // c.n_group
+        group_score = [sorted(choice[g * per_group:(g + 1) * per_group].tolist())[-2:] for g in range(c.n_group)]
+        best_groups = sorted(range(c.n_group), key=lambda g: -sum(group_score[g]))[:c.topk_group]
+        allowed = [e for e in range(c.n_routed_experts) if e // per_group in best_groups]
+        chosen = sorted(allowed, key=lambda e: -choice[e].item())[:c.num_experts_per_tok]
+        weights = scores[chosen] / scores[chosen].sum() * c.routed_scaling_factor
+        y = sum(w * expert_mlp(moe.experts[e], token) for w, e in zip(weights, chosen))
+        out.append(y + expert_mlp(moe.shared_experts, token))
+    return torch.stack(out)
+
+
+def expert_mlp(mlp, x):
+    return F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
+
+
+def test_routed_moe_matches_per_token_loop(target64):
+    moe = target64.model.layers[1].mlp
+    assert isinstance(moe, MoE) and TINY.n_group > 1  # group-limited routing is exercised
+    x = torch.randn(40, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    got = moe(x)
+    want = naive_moe(moe, x)
+    assert relative_error(got, want) < 1e-6  # routing weights are float32 (as in the reference code)
+    # Group limiting changed some token's experts (else the test would not exercise it).
+    weights, experts = moe.gate(x)
+    plain = (torch.sigmoid(x @ moe.gate.weight.double().T) + moe.gate.e_score_correction_bias).topk(2).indices
+    assert (experts.sort().values != plain.sort().values).any()
+
+
+def test_correction_bias_selects_but_does_not_weigh(target64):
+    moe = target64.model.layers[1].mlp
+    x = torch.randn(8, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    saved = moe.gate.e_score_correction_bias.clone()
+    try:
+        moe.gate.e_score_correction_bias.zero_()
+        moe.gate.e_score_correction_bias[[0, 1]] = 100.0  # both in group 0: always chosen
+        weights, experts = moe.gate(x)
+        assert experts.sort(-1).values.tolist() == [[0, 1]] * 8
+        scores = torch.sigmoid(x @ moe.gate.weight.double().T)[:, [0, 1]]
+        want = scores / scores.sum(-1, keepdim=True) * TINY.routed_scaling_factor
+        torch.testing.assert_close(weights.double().sort(-1).values, want.sort(-1).values)
+    finally:
+        moe.gate.e_score_correction_bias.copy_(saved)
+
+
+def test_linear_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(96, 64, generator=gen), torch.randn(37, 64, generator=gen)
+    full = linear(x, w)
+    assert all(torch.equal(linear(x[i:i + 1], w)[0], full[i]) for i in range(37))
+    torch.testing.assert_close(full, x @ w.T)
+
+
+def test_yarn_keeps_fast_frequencies_and_stretches_slow_ones():
+    scaling = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+               "beta_slow": 1.0}
+    plain, yarn = rope_frequencies(64, 10000.0, None), rope_frequencies(64, 10000.0, scaling)
+    assert torch.equal(yarn[:4], plain[:4])  # wavelengths far below the original context: untouched
+    torch.testing.assert_close(yarn[-4:], plain[-4:] / 32)  # longer than the context: interpolated
+    assert (yarn <= plain).all() and (yarn >= plain / 32 - 1e-15).all()
+    assert yarn_mscale(32.0, 1.0) == pytest.approx(0.1 * math.log(32) + 1)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rotary = Rotary(16, 10000.0, None, 64)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(16, generator=gen), torch.randn(16, generator=gen)
+
+    def score(p, r):
+        return (rotary(q[None], torch.tensor([p]))[0] @ rotary(k[None], torch.tensor([r]))[0]).item()
+
+    assert score(7, 3) == pytest.approx(score(30, 26), rel=1e-5)
+    assert rotary(q[None], torch.tensor([5])).norm().item() == pytest.approx(q.norm().item(), rel=1e-6)
+
+
+def test_k2_layer_preset_has_kimi_k2_shapes():
+    c = preset("k2-layer").model  # config only: the model itself needs a GPU
+    assert (c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank) == (7168, 64, 1536, 512)
+    assert (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.latent_dim) == (128, 64, 128, 576)
+    assert (c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts) == (384, 8, 1)
+    assert (c.moe_intermediate_size, c.intermediate_size, c.first_k_dense_replace) == (2048, 18432, 1)
+    assert (c.n_group, c.topk_group, c.routed_scaling_factor, c.vocab_size) == (1, 1, 2.827, 163840)
+    assert c.rope_theta == 50000.0 and c.rope_scaling["type"] == "yarn" and c.torch_dtype == "bfloat16"
+    assert [c.is_moe_layer(i) for i in range(c.num_hidden_layers)] == [False, True, True]
+
+
+def test_config_rejects_what_the_model_cannot_run():
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="scoring_func"):
+        dataclasses.replace(TINY, scoring_func="softmax")
+    with pytest.raises(EngineError, match="n_group"):
+        dataclasses.replace(TINY, n_group=3)
