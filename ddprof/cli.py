@@ -54,6 +54,47 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     console.print(table)
 
 
+@app.command()
+def capture(
+    workload: str = typer.Option(..., help="Workload generator: chat, code, long-context or fixed."),
+    concurrency: int = typer.Option(32, help="Requests in flight at once (continuous batching)."),
+    model: str = typer.Option(None, help="Model preset (default: the engine's default)."),
+    builder: str = typer.Option(None, help="Tree builder: cpu or gpu (default: the engine's)."),
+    budget: int = typer.Option(None, help="DDTree node budget per step (default: the engine's)."),
+    requests: int = typer.Option(None, help="Requests to serve (default: the engine's)."),
+    max_new_tokens: int = typer.Option(None, help="Cap on tokens generated per request (default: the engine's)."),
+    seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
+    out: Path = typer.Option(Path("traces/run"), help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
+) -> None:
+    """Serve a workload under Nsight Systems; write the report, its SQLite export and a JSON summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ddprof.capture import CaptureRequest
+    from ddprof.capture import capture as run_capture
+
+    # The engine validates its own arguments (`serve --check`) before nsys starts.
+    request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
+                             budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed)
+
+    status = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as progress:
+        task = progress.add_task("capturing under nsys: requests done", total=None)
+        result = run_capture(request, on_progress=lambda done, total: progress.update(task, completed=done,
+                                                                                     total=total))
+    if as_json:
+        print(json.dumps({**result.meta, "files": [str(result.report), str(result.sqlite),
+                                                   str(result.json_path)]}))
+        return
+    table = Table(show_header=False)
+    for key in ("model", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
+                "steps", "wall_s", "tok_per_s", "device"):
+        table.add_row(key, str(result.meta.get(key)))
+    console.print(table)
+    console.print(f"trace: {result.report}\nsqlite: {result.sqlite}\nsummary: {result.json_path}")
+
+
 _STAGE_MAP_HELP = "JSON/TOML file mapping another engine's NVTX range names onto step and the six stages."
 _DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in the output) instead of failing."
 

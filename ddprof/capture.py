@@ -1,0 +1,219 @@
+"""Run the engine's serving loop under Nsight Systems and leave a complete, shareable capture.
+
+A capture is three files side by side: `NAME.nsys-rep` (the report), `NAME.sqlite` (exported at
+once, so any nsys version can read the trace later) and `NAME.json` (what ran and how fast). They
+are built in a hidden staging folder next to the destination and moved into place only when all
+three exist, so a failed capture never leaves files that look complete.
+
+nsys stores the profiled process's whole environment and its stdout inside the report, so the
+engine runs with an allowlisted environment and reports progress through a file, not stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddprof import __version__
+from ddprof.errors import DdprofError
+from ddprof.nsys import Nsys, export_sqlite, find_nsys, profile
+from engine.stages import DOMAIN, STEP
+
+# The variables the profiled engine (and nsys itself) may see. Everything else in the caller's
+# shell -- tokens, keys, passwords -- stays out of the report.
+ENV_ALLOWLIST = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TERM",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONHASHSEED",
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+    "TRITON_INTERPRET", "TRITON_CACHE_DIR", "TRITON_HOME",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+)
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """What to serve. None means "the engine's default", which the engine records in its summary."""
+
+    workload: str
+    concurrency: int
+    out: Path
+    model: str | None = None
+    builder: str | None = None
+    budget: int | None = None
+    requests: int | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    timeout_s: float = 1800
+
+
+@dataclass(frozen=True)
+class Capture:
+    """The three files of a finished capture and the metadata written to `json_path`."""
+
+    report: Path
+    sqlite: Path
+    json_path: Path
+    meta: dict
+
+
+def allowlisted_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The subset of `environ` (default: this process's) that may be stored inside a report."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in ENV_ALLOWLIST if name in environ}
+
+
+def cuda_available() -> bool:
+    """Whether the engine will run on a GPU here, which decides what nsys traces."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def serve_command(request: CaptureRequest, device: str, summary: Path, progress: Path) -> list[str]:
+    """The `python -m engine serve ...` command line for `request`; only given options are passed."""
+    command = [sys.executable, "-m", "engine", "serve", "--workload", request.workload,
+               "--concurrency", str(request.concurrency), "--device", device]
+    for flag, value in (("--model", request.model), ("--builder", request.builder),
+                        ("--budget", request.budget), ("--requests", request.requests),
+                        ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed)):
+        if value is not None:
+            command += [flag, str(value)]
+    return command + ["--summary", str(summary), "--progress", str(progress)]
+
+
+def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] | None = None) -> Capture:
+    """Serve `request` under nsys and write NAME.nsys-rep, NAME.sqlite and NAME.json.
+
+    `on_progress(done, total)` is called (from a helper thread) as requests finish.
+    """
+    nsys = find_nsys()
+    out = Path(request.out)
+    _make_output_folder(out.parent)
+    device = "cuda" if cuda_available() else "cpu"
+    env = allowlisted_env()
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.capturing-", dir=out.parent))
+    try:
+        summary_path, progress_path = staging / "summary.json", staging / "progress"
+        command = serve_command(request, device, summary_path, progress_path)
+        _check_arguments(command, env)
+        with _ProgressTail(progress_path, on_progress):
+            report = profile(command, staging / out.name, trace="cuda,nvtx" if device == "cuda" else "nvtx",
+                             timeout_s=request.timeout_s, env=env, nsys=nsys)
+        sqlite_path = export_sqlite(report, nsys=nsys)
+        meta = _metadata(_read_summary(summary_path), nsys, trace_steps=_count_steps(sqlite_path))
+        staged_json = staging / f"{out.name}.json"
+        staged_json.write_text(json.dumps(meta, indent=2) + "\n")
+        return _publish(report, sqlite_path, staged_json, out, meta)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _make_output_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DdprofError(f"{folder}: cannot create output folder ({exc.strerror})") from None
+    if not os.access(folder, os.W_OK):
+        raise DdprofError(f"{folder}: output folder is not writable")
+
+
+def _check_arguments(command: list[str], env: dict[str, str]) -> None:
+    """Let the engine validate its arguments before nsys starts, so bad input fails fast and plainly."""
+    try:
+        done = subprocess.run([*command, "--check"], env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise DdprofError("engine serve --check did not answer within 600 s") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        raise DdprofError(lines[-1].removeprefix("error: ") if lines
+                          else f"engine serve --check failed (exit {done.returncode})")
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DdprofError(f"{path}: the engine wrote no readable run summary ({exc})") from None
+
+
+def _count_steps(sqlite_path: Path) -> int:
+    """Number of `step` ranges in the export; zero means NVTX was silently off (e.g. nvtx>=0.2.12)."""
+    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        steps = 0
+        if "NVTX_EVENTS" in tables:
+            steps = db.execute(
+                "SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                "WHERE coalesce(e.text, s.value) = ? AND e.end IS NOT NULL", (STEP,)).fetchone()[0]
+    if steps == 0:
+        raise DdprofError(f"{sqlite_path}: the trace holds no NVTX `{STEP}` ranges (domain {DOMAIN}); "
+                          "is nvtx pinned to 0.2.11?")
+    return steps
+
+
+def _metadata(summary: dict, nsys: Nsys, trace_steps: int) -> dict:
+    """The engine's summary plus what only the capture knows: the trace's step count and nsys/ddprof versions."""
+    versions = {**summary.pop("versions", {}), "nsys": nsys.version, "ddprof": __version__}
+    return {**summary, "trace_steps": trace_steps, "versions": versions}
+
+
+def _publish(report: Path, sqlite_path: Path, staged_json: Path, out: Path, meta: dict) -> Capture:
+    """Move the staged files into place; the JSON goes last, so it exists only beside a full set."""
+    final = Capture(report=out.with_name(out.name + ".nsys-rep"), sqlite=out.with_name(out.name + ".sqlite"),
+                    json_path=out.with_name(out.name + ".json"), meta=meta)
+    final.json_path.unlink(missing_ok=True)
+    os.replace(report, final.report)
+    os.replace(sqlite_path, final.sqlite)
+    os.replace(staged_json, final.json_path)
+    return final
+
+
+class _ProgressTail:
+    """Follows the engine's progress file ("done total" lines) and reports each change.
+
+    The engine runs as nsys's child with its stdout captured into the report, so a file is the
+    one channel that reaches the user's terminal while the capture runs.
+    """
+
+    def __init__(self, path: Path, on_progress: Callable[[int, int], None] | None, interval_s: float = 0.25):
+        self._path, self._on_progress, self._interval_s = path, on_progress, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last: tuple[int, int] | None = None
+
+    def __enter__(self) -> _ProgressTail:
+        if self._on_progress:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._on_progress:
+            self._stop.set()
+            self._thread.join()
+            self._poll()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._poll()
+
+    def _poll(self) -> None:
+        try:
+            lines = self._path.read_text().split("\n")
+        except OSError:
+            return
+        complete = [line for line in lines[:-1] if line.strip()]  # the last piece may be half-written
+        if not complete:
+            return
+        done, total = (int(v) for v in complete[-1].split())
+        if (done, total) != self._last:
+            self._last = (done, total)
+            self._on_progress(done, total)

@@ -1,0 +1,110 @@
+"""`ddprof capture` for real: the tiny model serving a few chat requests under nsys.
+
+The export is read with sqlite3 directly, so these tests check the capture, not ddprof.load.
+"""
+
+import json
+import os
+import sqlite3
+import uuid
+
+import pytest
+
+from ddprof.capture import CaptureRequest, capture
+from ddprof.errors import DdprofError
+from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
+
+PUSH_POP_RANGE, MARK, DOMAIN_CREATE = 59, 34, 75
+REQUESTS = 5
+SECRET = f"ddprof-test-secret-{uuid.uuid4().hex}"
+PATH_MARKER = f"/nonexistent/ddprof-path-marker-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One capture, made from a shell that holds a secret (and a marked PATH, which must get through)."""
+    out_dir = tmp_path_factory.mktemp("capture")
+    progress = []
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DDPROF_TEST_TOKEN", SECRET)
+        env.setenv("PATH", f"{PATH_MARKER}:{os.environ['PATH']}")
+        result = capture(CaptureRequest(workload="chat", concurrency=4, out=out_dir / "run", model="tiny",
+                                        requests=REQUESTS, max_new_tokens=6, seed=3),
+                         on_progress=lambda done, total: progress.append((done, total)))
+    return out_dir, result, progress
+
+
+def _events(sqlite_path):
+    with sqlite3.connect(sqlite_path) as db:
+        domains = dict(db.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = ?", (DOMAIN_CREATE,)))
+        rows = db.execute(
+            "SELECT e.start, e.end, coalesce(e.text, s.value), e.domainId, e.globalTid, e.int64Value, e.eventType "
+            "FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType IN (?, ?) "
+            "ORDER BY e.start", (PUSH_POP_RANGE, MARK)).fetchall()
+    return [dict(start=s, end=e, name=n, domain=domains.get(d), tid=g, payload=p, kind=k)
+            for s, e, n, d, g, p, k in rows]
+
+
+def test_capture_writes_the_three_files_and_nothing_else(run):
+    out_dir, result, _ = run
+    assert sorted(p.name for p in out_dir.iterdir()) == ["run.json", "run.nsys-rep", "run.sqlite"]
+    assert (result.report, result.sqlite, result.json_path) == (
+        out_dir / "run.nsys-rep", out_dir / "run.sqlite", out_dir / "run.json")
+    assert all(p.stat().st_size > 0 for p in out_dir.iterdir())
+
+
+def test_json_holds_the_run_metadata(run):
+    _, result, _ = run
+    meta = json.loads(result.json_path.read_text())
+    assert meta == result.meta
+    assert {k: meta[k] for k in ("model", "workload", "concurrency", "builder", "seed", "requests")} == dict(
+        model="tiny", workload="chat", concurrency=4, builder="cpu", seed=3, requests=REQUESTS)
+    assert meta["budget"] >= 1 and meta["device"].startswith("cpu")
+    assert meta["generated_tokens"] == meta["tokens"] + meta["prefill_tokens"]
+    assert meta["prefill_tokens"] == REQUESTS and meta["generated_tokens"] <= REQUESTS * 6
+    assert meta["wall_s"] > 0 and meta["tok_per_s"] == pytest.approx(meta["generated_tokens"] / meta["wall_s"], rel=0.01)
+    assert set(meta["versions"]) >= {"nsys", "torch", "triton", "ddprof"}
+    assert meta["versions"]["nsys"].startswith("20")
+
+
+def test_every_step_range_holds_the_six_stage_ranges(run):
+    _, result, _ = run
+    events = [e for e in _events(result.sqlite) if e["domain"] == DOMAIN]
+    ranges = [e for e in events if e["kind"] == PUSH_POP_RANGE]
+    steps = [r for r in ranges if r["name"] == STEP]
+    assert len(steps) == result.meta["steps"] == result.meta["trace_steps"] > 0
+    assert len([r for r in ranges if r["name"] == PREFILL]) == REQUESTS
+    for step in steps:
+        inside = {r["name"] for r in ranges if r["tid"] == step["tid"] and r is not step
+                  and step["start"] <= r["start"] and r["end"] <= step["end"]}
+        assert inside == set(STAGES)
+
+
+def test_tokens_marks_sum_to_the_tokens_in_the_json(run):
+    _, result, _ = run
+    marks = [e for e in _events(result.sqlite) if e["kind"] == MARK and e["domain"] == DOMAIN]
+    assert {m["name"] for m in marks} == {TOKENS_MARK}
+    assert len(marks) == result.meta["steps"]
+    assert sum(m["payload"] for m in marks) == result.meta["tokens"] > 0
+
+
+def test_no_secret_from_the_callers_environment_lands_in_the_trace(run):
+    _, result, _ = run
+    for path in (result.report, result.sqlite):
+        data = path.read_bytes()
+        assert PATH_MARKER.encode() in data  # the environment is stored: allowlisted PATH got through
+        assert SECRET.encode() not in data and b"DDPROF_TEST_TOKEN" not in data
+
+
+def test_progress_counts_requests_up_to_the_total(run):
+    _, _, progress = run
+    assert progress[-1] == (REQUESTS, REQUESTS)
+    assert all(total == REQUESTS for _, total in progress)
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
+
+
+def test_a_capture_that_times_out_leaves_no_files(tmp_path):
+    with pytest.raises(DdprofError, match="timed out"):
+        capture(CaptureRequest(workload="chat", concurrency=4, out=tmp_path / "run", model="tiny", requests=3,
+                               timeout_s=1))
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,51 @@
+"""`ddprof capture` refuses bad input with one line and exit code 2, before nsys starts, leaving no files."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddprof.capture import ENV_ALLOWLIST, allowlisted_env
+
+
+def ddprof(*args, env=None):
+    return subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", *args],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "nope"], "ddprof: error: unknown workload 'nope'; choose one of chat, code, long-context, fixed"),
+    (["--workload", "chat", "--model", "huge"], "ddprof: error: unknown model preset 'huge'; choose one of tiny, small"),
+    (["--workload", "chat", "--concurrency", "0"], "ddprof: error: --concurrency must be at least 1 (got 0)"),
+    (["--workload", "chat", "--builder", "fpga"], "ddprof: error: unknown tree builder 'fpga'; choose cpu or gpu"),
+    (["--workload", "long-context", "--model", "tiny"], "ddprof: error: workload long-context needs"),
+])
+def test_bad_arguments_are_one_line_errors_and_leave_no_files(tmp_path, args, message):
+    done = ddprof("capture", *args, "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in done.stderr + done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_nsys_says_how_to_install_it(tmp_path):
+    done = ddprof("capture", "--workload", "chat", "--out", str(tmp_path / "run"), env={"NSYS": "/nonexistent/nsys"})
+    assert done.returncode == 2
+    assert "not a working nsys binary; install it with `bash scripts/install-nsys.sh`" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_folder_that_cannot_be_created_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the output folder should go")
+    done = ddprof("capture", "--workload", "chat", "--out", str(blocker / "traces" / "run"))
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"ddprof: error: {blocker / 'traces'}: cannot create output folder (Not a directory)"
+
+
+def test_the_allowlist_keeps_what_the_engine_needs_and_nothing_else():
+    caller = {"PATH": "/usr/bin", "HOME": "/root", "TRITON_INTERPRET": "1", "AWS_SECRET_ACCESS_KEY": "x",
+              "GITHUB_TOKEN": "y", "HF_TOKEN": "z"}
+    assert allowlisted_env(caller) == {"PATH": "/usr/bin", "HOME": "/root", "TRITON_INTERPRET": "1"}
+    assert not any("TOKEN" in name or "KEY" in name or "SECRET" in name for name in ENV_ALLOWLIST)
