@@ -102,19 +102,31 @@ def synthetic_export(path: Path, n_ranges: int, seed: int = 0) -> dict:
             "step_ns": int(step_ns.sum())}
 
 
+# Forks the measured command from a small process: a child forked straight from this script would
+# inherit (and report as its own peak) the memory this script used to build the export.
+_LAUNCHER = """
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"wall_s": time.perf_counter() - start, "maxrss_kib": usage.ru_maxrss,
+               "exit": os.waitstatus_to_exitcode(status)}, f)
+"""
+
+
 def timed(command: list[str]) -> tuple[float, float, str]:
     """Run a command; return (wall seconds, peak RSS in GB, stdout). Fails loudly on a non-zero exit."""
-    out = tempfile.TemporaryFile()
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    out.seek(0)
-    stdout = out.read().decode()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024**2, stdout  # ru_maxrss is KiB on Linux
+    with tempfile.TemporaryDirectory() as tmp:
+        facts_path = Path(tmp) / "facts.json"
+        done = subprocess.run([sys.executable, "-c", _LAUNCHER, str(facts_path), *command],
+                              capture_output=True, text=True)
+        facts = json.loads(facts_path.read_text())
+    if facts["exit"] != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({facts['exit']}): {done.stderr[-2000:]}")
+    return facts["wall_s"], facts["maxrss_kib"] / 1024**2, done.stdout
 
 
 def nvtxsum_step_ns(stdout: str) -> int:
@@ -142,6 +154,7 @@ def main() -> None:
 
     ddprof = Path(sys.executable).with_name("ddprof")
     nsys = find_nsys()
+    load_before = os.getloadavg()[0]  # other work on the 2 cores slows both tools alike
     ddprof_s, ddprof_gb, report = timed([str(ddprof), "breakdown", "--json", str(export)])
     nsys_s, nsys_gb, nvtxsum = timed([str(nsys.path), "stats", "--report", "nvtxsum", "--format", "csv",
                                       "--force-export", "false", str(export)])
@@ -153,7 +166,7 @@ def main() -> None:
         "step_ns_vs_nvtxsum": nvtxsum_step_ns(nvtxsum) == truth["step_ns"],
     }
     result = {
-        "machine": {**describe(), "cores": os.cpu_count()},
+        "machine": {**describe(), "cores": os.cpu_count(), "load_avg_1min_at_start": round(load_before, 2)},
         "export": {**truth, "bytes": export.stat().st_size, "write_s": round(write_s, 1), "nsys": nsys.version},
         "ddprof_breakdown": {"wall_s": round(ddprof_s, 2), "peak_rss_gb": round(ddprof_gb, 2),
                              "bound_by": summary["bound_by"], "tok_per_s": summary["tok_per_s"]},

@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.attribution import OTHER, OWNERS, Attribution
+from ddprof.errors import DdprofError
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES
@@ -119,7 +120,10 @@ def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> d
 
 
 def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
+    """Write each frame as FOLDER/<name>.parquet (creating FOLDER)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise DdprofError(f"{folder}: --parquet needs a folder, and this is a file")
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, frame in frames.items():

@@ -1,0 +1,112 @@
+"""`ddprof breakdown` as a user runs it: the --json shape, the table, --parquet, --stage-map, errors."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from engine.stages import STAGES, STEP
+from tests.ddprof.exports import Export, example
+from tests.ddprof.test_attribution_stage_map import SGLANG_TOML, sglang_like
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ddprof(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return example("2022.4").write(tmp_path_factory.mktemp("cli") / "run.sqlite")
+
+
+def test_json_is_exactly_one_object_of_the_documented_shape(export):
+    done = ddprof("breakdown", export, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)  # one object, nothing else on stdout
+    top = {"steps": int, "tokens": int, "wall_s": float, "tok_per_s": float, "bound_by": str,
+           "other_crit_ms": float, "stages": list}
+    for key, kind in top.items():
+        assert type(summary[key]) is kind, key
+    assert [s["stage"] for s in summary["stages"]] == list(STAGES)
+    stage = {"stage": str, "count": int, "cpu_ms": float, "cpu_share": float, "gpu_ms": float, "crit_ms": float,
+             "crit_share": float}
+    for row in summary["stages"]:
+        for key, kind in stage.items():
+            assert type(row[key]) is kind, key
+    # The example's answers (tests/ddprof/exports.py `example`): two 800 ns steps, 15 tokens.
+    assert (summary["steps"], summary["tokens"], summary["bound_by"]) == (2, 15, "draft")
+    assert summary["wall_s"] == pytest.approx(1800e-9)
+    crit = {s["stage"]: round(s["crit_ms"] * 1e6) for s in summary["stages"]}
+    assert crit == {"draft": 300, "tree_build": 80, "verify": 180, "accept": 180, "kv_compact": 180,
+                    "sampling": 180}
+    assert round(summary["other_crit_ms"] * 1e6) == 500
+
+
+def test_table_names_the_bound_stage_and_every_stage(export):
+    done = ddprof("breakdown", export)
+    assert done.returncode == 0, done.stderr
+    assert "bound by draft" in done.stdout
+    for name in (*STAGES, "other"):
+        assert name in done.stdout
+
+
+def test_parquet_writes_the_frames(export, tmp_path):
+    done = ddprof("breakdown", export, "--json", "--parquet", tmp_path / "frames")
+    assert done.returncode == 0, done.stderr
+    stages = pl.read_parquet(tmp_path / "frames" / "stages.parquet")
+    assert stages["stage"].to_list() == list(STAGES)
+    owners = pl.read_parquet(tmp_path / "frames" / "step_owners.parquet")
+    assert owners.height == 2 * (len(STAGES) + 1)
+    assert owners.group_by("step_id").agg(pl.col("crit_ns").sum())["crit_ns"].to_list() == [800, 800]
+    ops = pl.read_parquet(tmp_path / "frames" / "gpu_ops.parquet")
+    assert ops["stage"].to_list() == ["draft", "accept", "kv_compact"] * 2
+    for name in ("ranges", "marks", "steps", "stage_ranges", "runtime_calls", "incomplete_ranges"):
+        assert (tmp_path / "frames" / f"{name}.parquet").is_file()
+
+
+def test_stage_map_option(tmp_path):
+    path = sglang_like().write(tmp_path / "sglang.sqlite")
+    (tmp_path / "sglang.toml").write_text(SGLANG_TOML)
+    failed = ddprof("breakdown", path, "--json")
+    assert failed.returncode == 2 and "--stage-map" in failed.stderr
+    done = ddprof("breakdown", path, "--json", "--stage-map", tmp_path / "sglang.toml")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["steps"] == 2
+
+
+def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[list, Path]]:
+    """Each bad case: the arguments after `breakdown`, and the file the error must name."""
+    (folder / "notes.sqlite").write_text("not a database")
+    (folder / "map.toml").write_text("[ranges]\nfwd = 'forward'")
+    with sqlite3.connect(folder / "empty.sqlite") as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    unclosed = Export()
+    unclosed.range(STEP, 0, None)
+    unclosed.write(folder / "unclosed.sqlite")
+    return {
+        "missing": ([folder / "missing.sqlite"], folder / "missing.sqlite"),
+        "not_sqlite": ([folder / "notes.sqlite"], folder / "notes.sqlite"),
+        "no_nvtx": ([folder / "empty.sqlite"], folder / "empty.sqlite"),
+        "unclosed": ([folder / "unclosed.sqlite"], folder / "unclosed.sqlite"),
+        "bad_map": ([good, "--stage-map", folder / "map.toml"], folder / "map.toml"),
+        "parquet_is_a_file": ([good, "--parquet", folder / "notes.sqlite"], folder / "notes.sqlite"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "not_sqlite", "no_nvtx", "unclosed", "bad_map", "parquet_is_a_file"])
+def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, export, case):
+    args, named = _bad_inputs(tmp_path, export)[case]
+    done = ddprof("breakdown", *args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddprof: error: ") and "Traceback" not in done.stderr
+    assert str(named) in lines[0]
