@@ -168,10 +168,17 @@ def _by_row(db: ExportDb, value: str, condition: str, kinds: str, dtype: pl.Data
 
 
 def _trace_end(db: ExportDb) -> int | None:
-    """The trace's end on the event clock: where nsys ends ranges that were never closed."""
+    """The trace's end on the event clock: where nsys ends ranges that were never closed.
+
+    nsys 2022.4 writes event times relative to the trace start and the trace's length as
+    ANALYSIS_DETAILS.duration; it is used only when every NVTX event lies within it (on another
+    clock it would mark every range unclosed).
+    """
     if "duration" not in db.columns("ANALYSIS_DETAILS"):
         return None
-    return db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
+    duration = db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
+    latest = db.scalar("SELECT max(start) FROM NVTX_EVENTS")
+    return duration if duration is not None and latest is not None and latest <= duration else None
 
 
 def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:

@@ -46,9 +46,9 @@ def _pct(value) -> str:
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 1))
     for column in columns:
-        table.add_column(column, justify="left" if column == "stage" else "right")
+        table.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
     return table
 
 
@@ -60,23 +60,23 @@ def breakdown_view(summary: dict) -> Group:
         (f"{summary['source']}\n", "bold"),
         f"{summary['steps']} steps · {summary['tokens']} tokens · {summary['wall_s']:.3f} s wall · {rate} · ",
         "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
-    totals = _table("time per stage, ms over all steps (crit: critical-path time the stage owns)",
+    totals = _table("ms over all steps; crit = critical-path time the stage owns",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
-    detail = _table("host wait vs busy, crit ms per step, and tok/s if the stage cost nothing / only its GPU time",
-                    ("stage", "wait ms", "busy ms", "p50", "p90", "p99", "tok/s if free", "if GPU-only"))
+    detail = _table("host ms waiting on the GPU; crit ms per step; tok/s if the stage cost 0 or only its GPU time",
+                    ("stage", "wait ms", "p50", "p90", "p99", "tok/s if 0", "if GPU"))
     for s in summary["stages"]:
         style = "bold" if s["stage"] == summary["bound_by"] else None
         totals.add_row(s["stage"], str(s["count"]), _num(s["cpu_ms"]), _pct(s["cpu_share"]), _num(s["gpu_ms"]),
                        _num(s["crit_ms"]), _pct(s["crit_share"]), style=style)
         dist, what_if = s["per_step"]["crit_ms"], s["what_if"]
-        detail.add_row(s["stage"], _num(s["wait_ms"]), _num(s["busy_ms"]), _num(dist["p50"]), _num(dist["p90"]),
-                       _num(dist["p99"]), _num(what_if["tok_per_s_if_free"], "{:.1f}"),
-                       _num(what_if["tok_per_s_if_gpu_only"], "{:.1f}"), style=style)
+        detail.add_row(s["stage"], _num(s["wait_ms"]), _num(dist["p50"]), _num(dist["p90"]),
+                       _num(dist["p99"]), _num(what_if["tok_per_s_if_free"]),
+                       _num(what_if["tok_per_s_if_gpu_only"]), style=style)
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
                    style="dim")
     notes = []
     if not summary["gpu_activity"]:
-        notes.append("no GPU activity in this trace: gpu, wait and busy are n/a")
+        notes.append("no GPU activity in this trace: gpu and wait are n/a")
     dropped = summary["dropped_ranges"]
     if dropped["unclosed"] or dropped["cross_thread"]:
         notes.append(f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread "
@@ -93,18 +93,14 @@ def compare_view(result: dict) -> Group:
     ratio = _num(result["tok_per_s_ratio"], "{:.3f}")
     ci = result["tok_per_s_ratio_ci"]
     ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-    lines.append(Text(f"tok/s ratio B/A: {ratio}{ci_text} ({conf} CI, {result['resamples']} resamples of steps)"))
-    table = _table(f"ms per step, B - A [{conf} bootstrap CI]",
-                   ("stage", "crit A", "crit B", "crit Δ", "cpu Δ", "gpu Δ", "crit share A → B"))
-
-    def delta(row: dict, metric: str) -> str:
-        value, interval = row[f"{metric}_delta"], row[f"{metric}_delta_ci"]
-        if value is None:
-            return "n/a"
-        return f"{_num(value)} [{_num(interval[0])}, {_num(interval[1])}]"
-
+    lines.append(Text(f"tok/s ratio B/A: {ratio}{ci_text} ({conf} CI, {result['resamples']} step resamples)"))
+    with_gpu = any(row["gpu_ms_per_step_delta"] is not None for row in result["stages"])
+    table = _table(f"crit ms per step, Δ = B - A and its {conf} bootstrap CI (cpu/gpu deltas: --json)",
+                   ("stage", "A", "B", "Δ", f"{conf} CI", *(["gpu Δ"] * with_gpu), "share A → B"))
     for row in result["stages"]:
+        low, high = row["crit_ms_per_step_delta_ci"]
         table.add_row(row["stage"], _num(row["a_crit_ms_per_step"]), _num(row["b_crit_ms_per_step"]),
-                      delta(row, "crit_ms_per_step"), delta(row, "cpu_ms_per_step"), delta(row, "gpu_ms_per_step"),
+                      _num(row["crit_ms_per_step_delta"]), f"{_num(low)} … {_num(high)}",
+                      *([_num(row["gpu_ms_per_step_delta"])] * with_gpu),
                       f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
     return Group(*lines, table)

@@ -90,6 +90,18 @@ def test_real_export_rows_that_are_not_ranges_or_marks_are_ignored(tmp_path):
     assert trace.ranges["name"].to_list() == [STEP] and trace.marks.height == 0
 
 
+def test_ranges_ending_at_the_trace_end_are_unclosed_only_on_the_same_clock(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    export.range(STEP, 200, 5_000)  # nsys ends a range left open at the trace's end
+    export.trace_end = 5_000
+    assert load(export.write(tmp_path / "run.sqlite")).incomplete.select("start", "problem").rows() == [
+        (200, "unclosed")]
+    export.trace_end = 150  # a duration on another clock than the events: no basis to judge
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    assert trace.incomplete.height == 0 and trace.ranges.height == 2
+
+
 def test_nsys_rep_with_a_sibling_export_reads_the_sibling(tmp_path):
     export = Export()
     export.range(STEP, 0, 100)
