@@ -163,99 +163,116 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
     return pl.concat([trace.runtime.filter(pl.col("api").is_in(SYNC_APIS)), blocking_copy])
 
 
+class _Timeline:
+    """The numpy columns the three passes of `_walk` share: stage ranges, GPU ops, sync calls."""
+
+    def __init__(self, trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
+        code = {name: i for i, name in enumerate(OWNERS)}
+        self.n_steps = steps.height
+        self.step_pid, self.step_tid = steps["pid"].to_numpy(), steps["tid"].to_numpy()
+        self.step_start, self.step_end = steps["start"].to_numpy(), steps["end"].to_numpy()
+        self.r_start, self.r_end = stage_ranges["start"].to_numpy(), stage_ranges["end"].to_numpy()
+        self.r_pid, self.r_tid = stage_ranges["pid"].to_numpy(), stage_ranges["tid"].to_numpy()
+        self.r_stage = stage_ranges["stage"].replace_strict(code, return_dtype=pl.Int64).to_numpy()
+        self.r_step = stage_ranges["step_id"].to_numpy()
+        ops = trace.gpu_ops
+        self.o_start, self.o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
+        self.o_pid, self.o_corr = ops["pid"].to_numpy(), ops["correlation_id"].to_numpy()
+        self.o_tid = ops["launch_tid"].fill_null(-1).to_numpy()
+        self.o_launch = ops["launch_start"].fill_null(-1).to_numpy()
+        sync = _sync_calls(trace)
+        self.s_start, self.s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
+        self.s_pid, self.s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
+        self.threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
+
+    def per_cell(self, step: np.ndarray, owner: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """Sums (or counts) over (step, owner) cells, flattened step-major."""
+        return np.bincount(step * len(OWNERS) + owner, weights=weights, minlength=self.n_steps * len(OWNERS))
+
+
 def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
     """Per-step totals per owner, each op's stage and step, and each stage range's wait time."""
-    n_steps, n_owners = steps.height, len(OWNERS)
-    stage_code = {name: code for code, name in enumerate(OWNERS)}
-    r_start, r_end = stage_ranges["start"].to_numpy(), stage_ranges["end"].to_numpy()
-    r_pid, r_tid = stage_ranges["pid"].to_numpy(), stage_ranges["tid"].to_numpy()
-    r_stage = stage_ranges["stage"].replace_strict(stage_code, return_dtype=pl.Int64).to_numpy()
-    r_step = stage_ranges["step_id"].to_numpy()
+    t = _Timeline(trace, steps, stage_ranges)
+    host_cover, op_stage, op_step, wait, gpu = _launches_and_waits(t)
+    device_cover = _device_covers(t, op_stage)
+    crit, crit_gpu = _critical_path(t, host_cover, device_cover)
+    owner_codes = pl.Series(np.tile(np.arange(len(OWNERS)), t.n_steps))
+    per_step = pl.DataFrame({
+        "step_id": np.repeat(np.arange(t.n_steps, dtype=np.int64), len(OWNERS)),
+        "owner": owner_codes.replace_strict(dict(enumerate(OWNERS)), return_dtype=pl.String),
+        "count": t.per_cell(t.r_step, t.r_stage).astype(np.int64),
+        "cpu_ns": t.per_cell(t.r_step, t.r_stage, t.r_end - t.r_start).astype(np.int64),
+        "wait_ns": t.per_cell(t.r_step, t.r_stage, wait).astype(np.int64),
+        "gpu_ns": gpu.astype(np.int64),
+        "crit_ns": crit.astype(np.int64),
+        "crit_gpu_ns": crit_gpu.astype(np.int64),
+    })
+    return per_step, op_stage, op_step, wait
 
-    ops = trace.gpu_ops
-    o_start, o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
-    o_pid = ops["pid"].to_numpy()
-    o_tid = ops["launch_tid"].fill_null(-1).to_numpy()
-    o_launch = ops["launch_start"].fill_null(-1).to_numpy()
-    o_corr = ops["correlation_id"].to_numpy()
-    op_stage = np.full(ops.height, -1, np.int64)
-    op_step = np.full(ops.height, -1, np.int64)
 
-    sync = _sync_calls(trace)
-    s_start, s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
-    s_pid, s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
-
-    def cells(step, owner):
-        return np.bincount(step * n_owners + owner, minlength=n_steps * n_owners)
-
-    def sums(step, owner, weights):
-        return np.bincount(step * n_owners + owner, weights=weights, minlength=n_steps * n_owners)
-
-    wait = np.zeros(stage_ranges.height, np.int64)
-    gpu = np.zeros(n_steps * n_owners)
-    threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
+def _launches_and_waits(t: _Timeline):
+    """Per thread with steps: the innermost stage range of each elementary segment (the host
+    cover), the stage and step of each op launched there, every stage's gpu time, range waits."""
+    op_stage = np.full(t.o_start.size, -1, np.int64)
+    op_step = np.full(t.o_start.size, -1, np.int64)
+    wait = np.zeros(t.r_start.size, np.int64)
+    gpu = np.zeros(t.n_steps * len(OWNERS))
     host_cover = {}
-    # Pass 1, per thread: innermost stage range per segment; launches -> stages; waits in sync calls.
-    for pid, tid in threads:
-        mine = np.flatnonzero((r_pid == pid) & (r_tid == tid))
-        bounds, winner = first_cover(r_start[mine], r_end[mine], np.lexsort((r_end[mine], -r_start[mine])))
+    for pid, tid in t.threads:
+        mine = np.flatnonzero((t.r_pid == pid) & (t.r_tid == tid))
+        bounds, winner = first_cover(t.r_start[mine], t.r_end[mine], np.lexsort((t.r_end[mine], -t.r_start[mine])))
         winner = np.where(winner >= 0, mine[winner], -1)  # latest-started covering range, as a row
         host_cover[pid, tid] = (bounds, winner)
-        sync_here = union(*(a[(s_pid == pid) & (s_tid == tid)] for a in (s_start, s_end)))
-        wait[mine] = covered_length(*sync_here, r_start[mine], r_end[mine])
+        here = (t.s_pid == pid) & (t.s_tid == tid)
+        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), t.r_start[mine], t.r_end[mine])
 
-        launched = np.flatnonzero((o_pid == pid) & (o_tid == tid))
-        at_launch = segment_of(bounds, winner, o_launch[launched])
+        launched = np.flatnonzero((t.o_pid == pid) & (t.o_tid == tid))
+        at_launch = segment_of(bounds, winner, t.o_launch[launched])
         hit = at_launch >= 0
-        op_stage[launched[hit]] = r_stage[at_launch[hit]]
-        op_step[launched[hit]] = r_step[at_launch[hit]]
+        op_stage[launched[hit]] = t.r_stage[at_launch[hit]]
+        op_step[launched[hit]] = t.r_step[at_launch[hit]]
         for code in range(len(STAGES)):  # an op counts for every stage with a range around its launch
-            of_stage = mine[r_stage[mine] == code]
-            inside = launched[contains(*union(r_start[of_stage], r_end[of_stage]), o_launch[launched])]
-            gpu += sums(op_step[inside], np.full(inside.size, code), o_end[inside] - o_start[inside])
+            of_stage = mine[t.r_stage[mine] == code]
+            inside = launched[contains(*union(t.r_start[of_stage], t.r_end[of_stage]), t.o_launch[launched])]
+            gpu += t.per_cell(op_step[inside], np.full(inside.size, code), t.o_end[inside] - t.o_start[inside])
+    return host_cover, op_stage, op_step, wait, gpu
 
-    # Pass 2, per process: the earliest-launched attributed op running in each segment.
-    device_cover = {}
-    for pid in {pid for pid, _ in threads}:
-        attributed = np.flatnonzero((o_pid == pid) & (op_stage >= 0))
-        earliest_first = np.lexsort((o_start[attributed], o_corr[attributed], o_launch[attributed]))
-        bounds, winner = first_cover(o_start[attributed], o_end[attributed], earliest_first)
-        device_cover[pid] = (bounds, np.where(winner >= 0, op_stage[attributed[winner]], -1))
 
-    # Pass 3, per thread: walk each step's elementary segments and give each to its owner.
-    crit = np.zeros(n_steps * n_owners)
-    crit_gpu = np.zeros(n_steps * n_owners)
-    step_pid, step_tid = steps["pid"].to_numpy(), steps["tid"].to_numpy()
-    step_start, step_end = steps["start"].to_numpy(), steps["end"].to_numpy()
-    stage_or_other = np.append(r_stage, _OTHER)
-    for pid, tid in threads:
-        ids = np.flatnonzero((step_pid == pid) & (step_tid == tid))  # sorted by start, disjoint
-        starts, ends = step_start[ids], step_end[ids]
+def _device_covers(t: _Timeline, op_stage: np.ndarray) -> dict:
+    """Per process with steps: the stage of the earliest-launched attributed op running in each
+    elementary segment (ties: lower correlationId, then earlier start)."""
+    covers = {}
+    for pid in {pid for pid, _ in t.threads}:
+        attributed = np.flatnonzero((t.o_pid == pid) & (op_stage >= 0))
+        earliest_first = np.lexsort((t.o_start[attributed], t.o_corr[attributed], t.o_launch[attributed]))
+        bounds, winner = first_cover(t.o_start[attributed], t.o_end[attributed], earliest_first)
+        covers[pid] = (bounds, np.where(winner >= 0, op_stage[attributed[winner]], -1))
+    return covers
+
+
+def _critical_path(t: _Timeline, host_cover: dict, device_cover: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Cut each thread's steps at every host and device boundary and give each piece to its owner:
+    the device cover's stage, else the host cover's, else `other`. Returns per-cell crit time and
+    the part of it owned through a running GPU op."""
+    crit = np.zeros(t.n_steps * len(OWNERS))
+    crit_gpu = np.zeros(t.n_steps * len(OWNERS))
+    stage_or_other = np.append(t.r_stage, _OTHER)
+    for pid, tid in t.threads:
+        ids = np.flatnonzero((t.step_pid == pid) & (t.step_tid == tid))  # sorted by start, disjoint
+        starts, ends = t.step_start[ids], t.step_end[ids]
         host_bounds, host_winner = host_cover[pid, tid]
         device_bounds, device_stage = device_cover[pid]
         lo, hi = starts[0], ends[-1]
         cuts = sorted_unique(np.concatenate([
             starts, ends, host_bounds[(host_bounds > lo) & (host_bounds < hi)],
             device_bounds[(device_bounds > lo) & (device_bounds < hi)]]))
-        seg, length = cuts[:-1], np.diff(cuts)
-        k = np.searchsorted(starts, seg, side="right") - 1
-        in_step = (k >= 0) & (seg < ends[np.clip(k, 0, None)])
-        seg, length, step = seg[in_step], length[in_step], ids[k[in_step]]
-        on_device = segment_of(device_bounds, device_stage, seg)
-        host_range = segment_of(host_bounds, host_winner, seg)
-        on_host = stage_or_other[host_range]  # -1 (no covering range) picks the trailing `other`
+        piece, length = cuts[:-1], np.diff(cuts)
+        k = np.searchsorted(starts, piece, side="right") - 1
+        in_step = (k >= 0) & (piece < ends[np.clip(k, 0, None)])
+        piece, length, step = piece[in_step], length[in_step], ids[k[in_step]]
+        on_device = segment_of(device_bounds, device_stage, piece)
+        on_host = stage_or_other[segment_of(host_bounds, host_winner, piece)]  # -1 picks the trailing `other`
         owner = np.where(on_device >= 0, on_device, on_host)
-        crit += sums(step, owner, length)
-        crit_gpu += sums(step, owner, np.where(on_device >= 0, length, 0))
-
-    per_step = pl.DataFrame({
-        "step_id": np.repeat(np.arange(n_steps), n_owners),
-        "owner": np.tile(np.asarray(OWNERS, dtype=object), n_steps).tolist(),
-        "count": cells(r_step, r_stage),
-        "cpu_ns": sums(r_step, r_stage, r_end - r_start).astype(np.int64),
-        "wait_ns": sums(r_step, r_stage, wait).astype(np.int64),
-        "gpu_ns": gpu.astype(np.int64),
-        "crit_ns": crit.astype(np.int64),
-        "crit_gpu_ns": crit_gpu.astype(np.int64),
-    }, schema_overrides={"step_id": pl.Int64, "owner": pl.String, "count": pl.Int64})
-    return per_step, op_stage, op_step, wait
+        crit += t.per_cell(step, owner, length)
+        crit_gpu += t.per_cell(step, owner, np.where(on_device >= 0, length, 0))
+    return crit, crit_gpu

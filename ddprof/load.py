@@ -76,14 +76,6 @@ def load(path: Path) -> Trace:
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
-def _pid(column: str) -> pl.Expr:
-    return (pl.col(column) // _ID_SPAN) % _ID_SPAN
-
-
-def _tid(column: str) -> pl.Expr:
-    return pl.col(column) % _ID_SPAN
-
-
 def _strings(db: ExportDb) -> pl.DataFrame:
     """StringIds as (string_id, value): names are read as ids and joined here, never as text rows."""
     schema = {"string_id": pl.Int64, "value": pl.String}
@@ -98,51 +90,45 @@ def _named(frame: pl.DataFrame, strings: pl.DataFrame, id_column: str, name: str
             .drop(id_column))
 
 
+def _thread_of(column: str) -> dict[str, str]:
+    """SQL for pid and tid from a serialized globalTid/globalPid (short numbers print faster)."""
+    return {"pid": f"((e.{column} >> 24) & {_ID_SPAN - 1})", "tid": f"(e.{column} & {_ID_SPAN - 1})"}
+
+
 def _nvtx_frames(db: ExportDb, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     table = "NVTX_EVENTS"
     has = db.columns(table)
-    kinds = ", ".join(str(k) for k in (MARK, *RANGE_TYPES, DOMAIN_CREATE))
-    payload = db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))
-    events = db.int_frame(table, {
-        "row": "e.rowid", "start": "e.start", "end": db.col(table, "e", "end"), "event_type": "e.eventType",
-        "text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
-        "global_tid": "e.globalTid", "payload": payload,
-    }, where=f"e.eventType IN ({kinds})", nullable={"end", "text_id", "domain_id", "payload"})
-    # The rare columns come by row id: inline (unregistered) names, float payloads, cross-thread ends.
-    inline = _by_row(db, "e.text", "e.text IS NOT NULL", kinds, pl.String) if "text" in has else None
-    payload_float = db.first_col(table, "e", ("doubleValue", "floatValue"))
-    floats = _by_row(db, payload_float, f"{payload_float} IS NOT NULL", str(MARK), pl.Float64)
-    ended_elsewhere = (_by_row(db, "e.endGlobalTid", "e.endGlobalTid != e.globalTid",
-                               ", ".join(map(str, RANGE_TYPES)), pl.Int64) if "endGlobalTid" in has else None)
+    range_kinds = ", ".join(map(str, RANGE_TYPES))
+    # Rare columns come by row id, and the row id only when one of them is there: inline
+    # (unregistered) names, float payloads, ends on another thread.
+    inline = _by_row(db, db.col(table, "e", "text"), f"{MARK}, {range_kinds}", pl.String)
+    floats = _by_row(db, db.first_col(table, "e", ("doubleValue", "floatValue")), str(MARK), pl.Float64)
+    ended_elsewhere = _by_row(db, db.col(table, "e", "endGlobalTid"), range_kinds, pl.Int64,
+                              "e.endGlobalTid != e.globalTid")
+    row = {"row": "e.rowid"} if inline.height or floats.height or ended_elsewhere.height else {}
+    ids = {"text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
+           **_thread_of("globalTid")}
+    nullable = {"end", "text_id", "domain_id", "payload"}
+    ranges = db.int_frame(table, {**row, "start": "e.start", "end": db.col(table, "e", "end"),
+                                  "event_type": "e.eventType", **ids},
+                          where=f"e.eventType IN ({range_kinds})", nullable=nullable)
+    marks = db.int_frame(table, {**row, "start": "e.start", **ids, "payload": db.first_col(
+        table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
+                         where=f"e.eventType = {MARK}", nullable=nullable)
+    domains = _domains(db)
+    ranges, marks = (_resolve_names(frame, strings, inline, domains) for frame in (ranges, marks))
 
-    events = _named(events, strings, "text_id", "registered_name")
-    if inline is not None:
-        events = events.join(inline.rename({"value": "inline_name"}), on="row", how="left")
-    else:
-        events = events.with_columns(inline_name=pl.lit(None, pl.String))
-    events = events.with_columns(
-        name=pl.coalesce("inline_name", "registered_name"), pid=_pid("global_tid"), tid=_tid("global_tid"),
-        domain_id=pl.col("domain_id").fill_null(0))
-
-    # A domain id names a domain only within the process that created it.
-    domains = (events.filter(pl.col("event_type") == DOMAIN_CREATE)
-               .select("pid", "domain_id", domain="name")
-               .unique(["pid", "domain_id"], keep="first"))
-    events = (events.filter(pl.col("event_type") != DOMAIN_CREATE)
-              .join(domains, on=["pid", "domain_id"], how="left"))
-
-    marks = (events.filter(pl.col("event_type") == MARK)
-             .join(floats.rename({"value": "payload_float"}), on="row", how="left")
-             .select(time="start", name="name", domain="domain", pid="pid", tid="tid",
-                     payload="payload", payload_float="payload_float")
-             .sort("time"))
+    marks = (marks.join(floats.rename({"value": "payload_float"}), on="row", how="left") if row
+             else marks.with_columns(payload_float=pl.lit(None, pl.Float64)))
+    marks = marks.select(time="start", name="name", domain="domain", pid="pid", tid="tid", payload="payload",
+                         payload_float="payload_float").sort("time")
 
     trace_end = _trace_end(db)
     unclosed = pl.col("end").is_null()
     if trace_end is not None:  # nsys closes still-open ranges at the end of the trace
         unclosed = unclosed | (pl.col("end") >= trace_end)
-    cross_thread = pl.col("row").is_in(ended_elsewhere["row"].to_list() if ended_elsewhere is not None else [])
-    ranges = events.filter(pl.col("event_type").is_in(RANGE_TYPES)).with_columns(
+    cross_thread = pl.col("row").is_in(ended_elsewhere["row"].to_list()) if row else pl.lit(False)
+    ranges = ranges.with_columns(
         problem=pl.when(unclosed).then(pl.lit("unclosed"))
         .when(cross_thread).then(pl.lit("cross-thread"))
         .otherwise(pl.lit(None, dtype=pl.String)))
@@ -159,12 +145,37 @@ def _nvtx_frames(db: ExportDb, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.
     return closed, marks, incomplete
 
 
-def _by_row(db: ExportDb, value: str, condition: str, kinds: str, dtype: pl.DataType) -> pl.DataFrame:
-    """(row, value) of the NVTX events of `kinds` that meet `condition` (few rows, any type)."""
+def _by_row(db: ExportDb, value: str, kinds: str, dtype: pl.DataType, condition: str | None = None) -> pl.DataFrame:
+    """(row, value) of the NVTX events of `kinds` where `value` (or `condition`) holds: rare rows."""
     if value == "NULL":
         return pl.DataFrame(schema={"row": pl.Int64, "value": dtype})
-    return db.frame(f"SELECT e.rowid, {value} FROM NVTX_EVENTS e WHERE e.eventType IN ({kinds}) AND {condition}",
-                    {"row": pl.Int64, "value": dtype})
+    return db.frame(f"SELECT e.rowid, {value} FROM NVTX_EVENTS e WHERE e.eventType IN ({kinds}) "
+                    f"AND {condition or f'{value} IS NOT NULL'}", {"row": pl.Int64, "value": dtype})
+
+
+def _domains(db: ExportDb) -> pl.DataFrame:
+    """(pid, domain_id, domain) from the domain-create events: a domain id means something only
+    within the process that created it."""
+    table = "NVTX_EVENTS"
+    name = db.col(table, "e", "text")
+    join = ""
+    if "textId" in db.columns(table) and "StringIds" in db.tables:
+        name, join = f"coalesce({name}, s.value)", "LEFT JOIN StringIds s ON s.id = e.textId"
+    thread = _thread_of("globalTid")
+    return db.frame(f"SELECT {thread['pid']}, coalesce({db.col(table, 'e', 'domainId')}, 0), {name} "
+                    f"FROM {table} e {join} WHERE e.eventType = {DOMAIN_CREATE}",
+                    {"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String}).unique(
+        ["pid", "domain_id"], keep="first", maintain_order=True)
+
+
+def _resolve_names(events: pl.DataFrame, strings: pl.DataFrame, inline: pl.DataFrame,
+                   domains: pl.DataFrame) -> pl.DataFrame:
+    """Event names (registered string or inline text) and domain names (per process)."""
+    events = _named(events, strings, "text_id", "name").with_columns(pl.col("domain_id").fill_null(0))
+    if "row" in events.columns and inline.height:
+        events = (events.join(inline.rename({"value": "inline_name"}), on="row", how="left")
+                  .with_columns(name=pl.coalesce("inline_name", "name")).drop("inline_name"))
+    return events.join(domains, on=["pid", "domain_id"], how="left")
 
 
 def _trace_end(db: ExportDb) -> int | None:
@@ -219,30 +230,30 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
 
 def _runtime_calls(db: ExportDb, strings: pl.DataFrame) -> pl.DataFrame:
     calls = db.int_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
-        "start": "e.start", "end": "e.end", "global_tid": "e.globalTid", "correlation_id": "e.correlationId",
+        "start": "e.start", "end": "e.end", **_thread_of("globalTid"), "correlation_id": "e.correlationId",
         "name_id": "e.nameId"})
-    apis = strings.select("string_id", api=pl.col("value").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
-    return _named(calls, apis.rename({"api": "value"}), "name_id", "api").select(
-        "start", "end", pid=_pid("global_tid"), tid=_tid("global_tid"), correlation_id="correlation_id", api="api")
+    apis = strings.select("string_id", value=pl.col("value").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
+    return _named(calls, apis, "name_id", "api")
 
 
 def _gpu_ops(db: ExportDb, runtime: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
-    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId", "global_pid": "e.globalPid"}
+    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId",
+              "pid": _thread_of("globalPid")["pid"]}
     kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
     kernels = db.int_frame(kernel, {**common, "name_id": db.first_col(kernel, "e", ("shortName", "demangledName"))},
                            nullable={"name_id"})
     copies = db.int_frame(memcpy, {**common, "copy_kind": db.col(memcpy, "e", "copyKind")}, nullable={"copy_kind"})
     sets = db.int_frame(memset, common)
     label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
+    no_copy_kind = pl.lit(None, pl.Int64)
     ops = pl.concat([
-        _named(kernels, strings, "name_id", "name").with_columns(kind=pl.lit("kernel"), copy_kind=pl.lit(None, pl.Int64)),
+        _named(kernels, strings, "name_id", "name").with_columns(kind=pl.lit("kernel"), copy_kind=no_copy_kind),
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
-        sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=pl.lit(None, pl.Int64)),
+        sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
     ], how="diagonal")
     launches = (runtime.select("pid", "correlation_id", launch_tid="tid", launch_start="start", launch_api="api")
                 .unique(["pid", "correlation_id"], keep="first"))
-    return (ops.with_columns(pid=_pid("global_pid"))
-            .join(launches, on=["pid", "correlation_id"], how="left")
+    return (ops.join(launches, on=["pid", "correlation_id"], how="left")
             .select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
                     "launch_tid", "launch_start", "launch_api")
             .sort("start"))
