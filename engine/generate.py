@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from engine.config import default_drafter, preset, PRESETS
+from engine.config import PRESETS, default_drafter, preset
 from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult
 from engine.model import TargetModel, build_target
@@ -55,7 +55,8 @@ def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *,
 def register(subcommands) -> None:
     parser = subcommands.add_parser("generate", help="decode prompts (greedy), AR or DDTree",
                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="small", choices=list(PRESETS), help="model preset (default small)")
+    parser.add_argument("--model", default="small", choices=list(PRESETS),
+                        help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()) + " (default small)")
     parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset")
     parser.add_argument("--drafter", help="drafter safetensors file (default: seeded random weights)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
