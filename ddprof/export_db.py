@@ -90,7 +90,7 @@ class ExportDb:
         """Column names of `table` (empty when the table is absent)."""
         if table not in self._columns:
             if table in self.tables:
-                rows = self._db.execute(f'PRAGMA table_info("{table}")').fetchall()
+                rows = self._execute(f'PRAGMA table_info("{table}")').fetchall()
                 self._columns[table] = {row[1] for row in rows}
             else:
                 self._columns[table] = set()
@@ -113,7 +113,7 @@ class ExportDb:
 
         Python's sqlite3 builds one object per value, which dominates load time on million-row
         tables; here SQLite itself prints each chunk of rows as CSV text (printf and group_concat
-        run in C) and polars parses it, about twice as fast. `nullable` columns print NULL as an
+        run in C) and polars parses it, which takes markedly less time. `nullable` columns print NULL as an
         empty field (polars reads null); the others must never be NULL.
         """
         schema = {name: pl.Int64 for name in columns}
@@ -132,9 +132,9 @@ class ExportDb:
                                           schema=schema))
         return pl.concat(chunks) if chunks else pl.DataFrame(schema=schema)
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType], params: tuple = ()) -> pl.DataFrame:
+    def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of a small query (text, reals) as a frame with exactly `schema`."""
-        rows = self._execute(sql, params).fetchall()
+        rows = self._execute(sql).fetchall()
         return pl.DataFrame(rows, schema=schema, orient="row")
 
     def _execute(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
