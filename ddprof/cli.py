@@ -166,6 +166,108 @@ def compare(
         console.print(compare_view(result))
 
 
+@app.command()
+def dashboard(
+    traces: list[Path] = typer.Argument(..., help="Runs: .sqlite exports or .nsys-rep reports (NAME.json beside "
+                                                  "each, from ddprof capture, says what ran)."),
+    out: Path = typer.Option(None, "--out", help="HTML file to write (default: dashboards/NAME.html)."),
+    window_steps: int = typer.Option(6, help="Consecutive steps in the step timeline."),
+    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP + " Applies to every trace."),
+    drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """One offline HTML page: step share, tok/s vs concurrency, step timeline, per-step distributions."""
+    from ddprof.dashboards.page import default_path, write_dashboard
+    from ddprof.dashboards.runs import load_runs
+    from ddprof.dashboards.terminal import describe, view
+    from ddprof.report import phases
+    from ddprof.stage_map import StageMap
+
+    if window_steps < 1:
+        raise DdprofError(f"--window-steps must be at least 1 (got {window_steps})")
+    out = out or default_path(traces)
+    with phases(2 * len(traces) + 1) as advance:
+        runs = load_runs(traces, StageMap.from_file(stage_map) if stage_map else None,
+                         drop_incomplete=drop_incomplete, advance=advance)
+        advance(f"writing {out}")
+        write_dashboard(runs, out, window_steps=window_steps)
+    if as_json:
+        print(json.dumps(describe(runs, out)))
+    else:
+        console.print(view(runs, out))
+
+
+def _grid_values(flag: str, text: str | None, default: tuple, kind: type) -> tuple:
+    """A comma-separated option (`1,2,4`) as a tuple of `kind`; the machine's default when not given."""
+    if text is None:
+        return default
+    try:
+        return tuple(kind(part.strip()) for part in text.split(","))
+    except ValueError:
+        raise DdprofError(f"{flag} {text!r}: expected comma-separated whole numbers, e.g. 1,2,4") from None
+
+
+@app.command()
+def sweep(
+    concurrency: str = typer.Option(None, help="Comma-separated concurrencies (default: 1,2,4 on a CPU; 1,8,32 on "
+                                               "a GPU)."),
+    builder: str = typer.Option(None, help="Comma-separated tree builders (default: cpu,gpu; without CUDA the "
+                                           "gpu builder runs in Triton's interpreter)."),
+    budget: str = typer.Option(None, help="Comma-separated DDTree node budgets (default: 8 on a CPU; 8,32 on a GPU)."),
+    workload: str = typer.Option("chat", help="Workload generator: chat, code, long-context or fixed."),
+    model: str = typer.Option(None, help="Model preset (default: tiny on a CPU, small on a GPU)."),
+    requests: int = typer.Option(None, help="Requests per capture (default: 6 on a CPU, 64 on a GPU)."),
+    max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 8 on a CPU, 64 on a GPU)."),
+    seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
+    out_dir: Path = typer.Option(Path("traces/sweep"), help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
+    dashboard_out: Path = typer.Option(None, "--dashboard", help="Dashboard to write (default: "
+                                                                 "dashboards/<out-dir name>.html)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Capture a concurrency x builder x budget grid, then write one dashboard of all the runs."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ddprof.dashboards.terminal import describe, view
+    from ddprof.sweep import Grid, defaults, run_sweep
+
+    machine = defaults()
+
+    def given(value, key: str):
+        return machine[key] if value is None else value
+
+    grid = Grid(concurrency=_grid_values("--concurrency", concurrency, machine["concurrency"], int),
+                builders=_grid_values("--builder", builder, machine["builders"], str),
+                budgets=_grid_values("--budget", budget, machine["budgets"], int),
+                model=given(model, "model"), requests=given(requests, "requests"),
+                max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed, out_dir=out_dir)
+    dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.name}.html"
+    points = grid.points()
+    status = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as progress:
+        sweep_task = progress.add_task("sweep: captures done", total=len(points) + 1)
+        requests_task = progress.add_task("", total=None)
+
+        def on_capture(index: int, total: int, request) -> None:
+            progress.update(sweep_task, completed=index)
+            progress.reset(requests_task, description=f"{request.out.name}: requests done", total=None)
+
+        def advance(label: str) -> None:
+            progress.update(sweep_task, completed=len(points), description="sweep: writing the dashboard")
+            progress.update(requests_task, description=label, total=None)
+
+        result = run_sweep(grid, dashboard_out, on_capture=on_capture, advance=advance,
+                           on_requests=lambda done, total: progress.update(requests_task, completed=done, total=total))
+    if as_json:
+        print(json.dumps({**describe(result.runs, result.dashboard), "interpreted_gpu_builder": result.interpreted,
+                          "captures": [str(c.sqlite) for c in result.captures]}))
+        return
+    if result.interpreted:
+        console.print("note: no CUDA here, so the gpu builder ran in Triton's interpreter (TRITON_INTERPRET=1)",
+                      style="yellow")
+    console.print(view(result.runs, result.dashboard))
+
+
 def main() -> None:
     """Console-script entry: run the app, turning DdprofError into one line and exit code 2."""
     try:

@@ -19,3 +19,9 @@ fi
 if ! command -v nsys >/dev/null 2>&1 && [ -z "${NSYS:-}" ]; then
   bash scripts/install-nsys.sh
 fi
+
+# Headless Chromium: the dashboard tests open the generated HTML in a real browser.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+fi

@@ -1,0 +1,5 @@
+"""`ddprof dashboard`: plotly figures of one or more runs' breakdowns, on one offline HTML page.
+
+runs.py loads traces and their capture metadata; one module per figure (step_share, throughput,
+timeline, distributions); headline.py writes the sentence on top; page.py assembles the file.
+"""

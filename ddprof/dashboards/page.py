@@ -1,0 +1,110 @@
+"""The dashboard page: one self-contained HTML file (plotly's JavaScript embedded once) that opens offline.
+
+Order on the page: the headline, notes the reader must know, a table of the runs, then the four
+figures. Every figure is a `div.plotly-graph-div` with the id in FIGURES.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from ddprof.dashboards.distributions import distributions_figure
+from ddprof.dashboards.headline import bound_share, headline
+from ddprof.dashboards.runs import UNKNOWN, Run, notes
+from ddprof.dashboards.step_share import step_share_figure
+from ddprof.dashboards.throughput import throughput_figure
+from ddprof.dashboards.timeline import DEFAULT_WINDOW_STEPS, timeline_figure
+from ddprof.errors import DdprofError
+
+FIGURES = ("step-share", "tok-per-s", "step-timeline", "per-step-distributions")
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1280px; padding: 0 16px; color: #222; }
+h1 { font-size: 22px; margin-bottom: 4px; }
+p.headline { font-size: 18px; line-height: 1.45; background: #f4f6f8; border-left: 4px solid #e45756;
+             padding: 12px 16px; }
+ul.notes { color: #8a5a00; }
+table.runs { border-collapse: collapse; font-size: 13px; margin: 12px 0 24px; }
+table.runs th, table.runs td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
+table.runs th:first-child, table.runs td:first-child { text-align: left; }
+section { margin-top: 28px; }
+"""
+
+
+def _cell(value) -> str:
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    return html.escape(str(value))
+
+
+def _runs_table(runs: Sequence[Run]) -> str:
+    header = ("run", "trace", "builder", "concurrency", "budget", "model", "workload", "steps", "tokens",
+              "decode tok/s", "bound by", "its share")
+    rows = []
+    for run in runs:
+        s = run.summary
+        cells = (run.label, run.source.name, run.builder, run.setting("concurrency"), run.setting("budget"),
+                 run.setting("model"), run.setting("workload"), s["steps"], s["tokens"], s["tok_per_s"],
+                 s["bound_by"], f"{bound_share(run) * 100:.1f}%")
+        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def render(runs: Sequence[Run], *, window_steps: int = DEFAULT_WINDOW_STEPS, title: str = "ddprof dashboard") -> str:
+    """The whole page as one HTML string."""
+    figures = dict(zip(FIGURES, (step_share_figure(runs), throughput_figure(runs),
+                                 timeline_figure(runs, window_steps), distributions_figure(runs)), strict=True))
+    sections = "".join(
+        f'<section id="section-{name}">'
+        f'{pio.to_html(figure, full_html=False, include_plotlyjs=False, div_id=name, config=_PLOT_CONFIG)}'
+        "</section>" for name, figure in figures.items())
+    found = notes(runs)
+    notes_html = ('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in found) + "</ul>") if found else ""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
+            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+            f"<h1>{html.escape(title)}</h1>"
+            f'<p class="headline" id="headline">{html.escape(headline(runs))}</p>'
+            f"{notes_html}{_runs_table(runs)}{sections}</body></html>\n")
+
+
+def default_path(traces: Sequence[Path]) -> Path:
+    """dashboards/NAME.html: NAME is the trace's name, the folder several traces share, or `dashboard`."""
+    traces = [Path(t) for t in traces]
+    folders = {t.resolve().parent for t in traces}
+    if len(traces) == 1:
+        name = traces[0].stem
+    elif len(folders) == 1:
+        name = folders.pop().name
+    else:
+        name = "dashboard"
+    return Path("dashboards") / f"{name}.html"
+
+
+def write_dashboard(runs: Sequence[Run], out: Path, **options) -> Path:
+    """Write the page to `out` (creating its folder); a reader never sees half a file."""
+    out = Path(out)
+    if out.parent.exists() and not out.parent.is_dir():
+        raise DdprofError(f"{out.parent}: the dashboard's folder is a file")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DdprofError(f"{out.parent}: cannot create the dashboard's folder ({exc.strerror})") from None
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        partial.write_text(render(runs, **options), encoding="utf-8")
+        os.replace(partial, out)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise DdprofError(f"{out}: cannot write the dashboard ({exc.strerror})") from None
+    return out

@@ -1,0 +1,146 @@
+"""The runs a dashboard shows: each trace's breakdown, plus what its capture recorded about it.
+
+`ddprof capture` writes NAME.json beside NAME.sqlite / NAME.nsys-rep (builder, budget,
+concurrency, model, workload, ...). A trace without one is still shown, labelled by its file
+name, and the page says which settings are unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ddprof.analysis import breakdown
+from ddprof.attribution import Attribution, attribute
+from ddprof.errors import DdprofError
+from ddprof.load import load
+from ddprof.stage_map import StageMap
+
+BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
+UNKNOWN = "unknown"
+# What a capture was asked to do (not what it measured); runs that agree on all but the builder are a pair.
+SETTINGS = ("model", "workload", "concurrency", "budget", "requests", "max_new_tokens", "seed")
+_BUILDER_ORDER = {name: i for i, name in enumerate(BUILDER_NAMES.values())}
+_SHORT = {"concurrency": "c", "budget": "budget", "max_new_tokens": "max_new", "requests": "requests"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trace: its breakdown (ddprof.analysis), attribution, capture metadata (None: no NAME.json) and label."""
+
+    source: Path
+    meta: dict | None
+    attribution: Attribution
+    summary: dict
+    label: str = ""
+
+    def setting(self, key: str):
+        return self.meta.get(key) if self.meta else None
+
+    @property
+    def builder(self) -> str:
+        """CPU heapq, GPU builder, another builder's own name, or unknown."""
+        raw = self.setting("builder")
+        return BUILDER_NAMES.get(raw, raw) if raw else UNKNOWN
+
+    @property
+    def settings(self) -> tuple:
+        """Everything but the builder: runs with equal settings compare the builders and nothing else."""
+        return tuple(self.setting(key) for key in SETTINGS)
+
+    @property
+    def sort_key(self) -> tuple:
+        """Orders runs by settings (numbers as numbers, unknown last), then CPU heapq before GPU builder."""
+        settings = tuple((value is None, value if isinstance(value, int | float) else 0, str(value))
+                         for value in self.settings)
+        return self.meta is None, settings, _BUILDER_ORDER.get(self.builder, len(_BUILDER_ORDER)), self.builder
+
+    @property
+    def interpreted_gpu_builder(self) -> bool:
+        """A GPU-builder run captured on a CPU: its Triton kernel ran in the interpreter, not on a GPU."""
+        return self.setting("builder") == "gpu" and str(self.setting("device") or "").startswith("cpu")
+
+
+def metadata_path(trace: Path) -> Path:
+    return Path(trace).with_suffix(".json")
+
+
+def read_metadata(trace: Path) -> dict | None:
+    """The capture's NAME.json beside `trace`, or None when there is none."""
+    path = metadata_path(trace)
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DdprofError(f"{path}: unreadable capture metadata ({exc})") from None
+    if not isinstance(meta, dict):
+        raise DdprofError(f"{path}: capture metadata must be a JSON object, not {type(meta).__name__}")
+    return meta
+
+
+def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
+              advance: Callable[[str], None] = lambda label: None) -> list[Run]:
+    """Load, attribute and break down every trace (calls `advance` twice per trace), then label the runs.
+
+    Runs come back ordered by their settings, CPU heapq before GPU builder, so every figure and
+    table on the page lists them the same way."""
+    if not paths:
+        raise DdprofError("no traces given: pass one or more .sqlite exports or .nsys-rep reports")
+    runs = []
+    for path in map(Path, paths):
+        advance(f"loading {path.name}")
+        meta = read_metadata(path)
+        attribution = attribute(load(path), stage_map, drop_incomplete=drop_incomplete)
+        advance(f"breaking down {path.name}")
+        runs.append(Run(path, meta, attribution, breakdown(attribution, stage_map)))
+    return sorted(labelled(runs), key=lambda run: run.sort_key)
+
+
+def labelled(runs: Sequence[Run]) -> list[Run]:
+    """Give each run a short unique label: its builder and the settings that vary across the runs."""
+    varying = varying_settings(runs)
+    labels = []
+    for run in runs:
+        if run.meta is None:
+            labels.append(run.source.stem)
+            continue
+        parts = [f"{_SHORT.get(key, key)}={run.setting(key)}" for key in varying]
+        labels.append(" · ".join([run.builder, *parts]))
+    repeated = Counter(labels)
+    return [replace(run, label=label if repeated[label] == 1 else f"{label} ({run.source.stem})")
+            for run, label in zip(runs, labels)]
+
+
+def varying_settings(runs: Sequence[Run], leave_out: Sequence[str] = ()) -> list[str]:
+    """The settings that differ between runs with metadata (those without say nothing)."""
+    known = [run for run in runs if run.meta is not None]
+    return [key for key in SETTINGS if key not in leave_out and len({run.setting(key) for run in known}) > 1]
+
+
+def notes(runs: Sequence[Run]) -> list[str]:
+    """What a reader must know to trust the page: unknown settings, interpreted kernels, dropped ranges."""
+    found = []
+    for run in runs:
+        if run.meta is None:
+            found.append(f"{run.label}: no {metadata_path(run.source).name} beside the trace; builder, "
+                         "concurrency, budget, model and workload are unknown (labelled by file name)")
+        elif run.meta.get("trace_steps") not in (None, run.summary["steps"]):
+            found.append(f"{run.label}: its metadata counts {run.meta['trace_steps']} steps but the trace holds "
+                         f"{run.summary['steps']}; the JSON may belong to another capture")
+        dropped = run.summary["dropped_ranges"]
+        if dropped["unclosed"] or dropped["cross_thread"]:
+            found.append(f"{run.label}: left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} "
+                         "cross-thread step/stage ranges (--drop-incomplete)")
+    interpreted = [run.label for run in runs if run.interpreted_gpu_builder]
+    if interpreted:
+        found.append(f"{', '.join(interpreted)}: captured on a CPU, so the GPU builder's Triton kernel ran in "
+                     "Triton's interpreter (TRITON_INTERPRET=1); its tree_build times are interpreter times, "
+                     "far slower than the kernel on a GPU")
+    if not any(run.attribution.has_gpu_activity for run in runs):
+        found.append("no CUDA activity in any trace (CPU captures): gpu_ms is n/a and the timeline's GPU lane "
+                     "is empty")
+    return found

@@ -1,0 +1,86 @@
+"""Tok/s vs concurrency, one line per builder, and what the CPU-heapq runs would do with the GPU builder's tree_build.
+
+Tok/s here is the breakdown's: decode tokens (the `tokens` marks) over the wall time of the
+steps, the same basis as the projection. The capture's serving tok/s (which also counts each
+request's prefill token) is in the hover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from ddprof.dashboards.palette import BUILDER_COLOURS, OTHER_BUILDER_COLOUR
+from ddprof.dashboards.runs import BUILDER_NAMES, Run, varying_settings
+from ddprof.projection import crit_ms_per_step, tok_per_s_with_stage_cost_of
+
+STAGE = "tree_build"
+CPU, GPU = BUILDER_NAMES["cpu"], BUILDER_NAMES["gpu"]
+PROJECTION_NAME = f"{CPU}, {STAGE} at its {GPU} cost (projected)"
+
+
+def plotted(runs: Sequence[Run]) -> list[Run]:
+    """The runs this figure can place: concurrency known (from metadata) and tok/s defined."""
+    return [run for run in runs if run.setting("concurrency") is not None and run.summary["tok_per_s"] is not None]
+
+
+def _line_name(run: Run, runs: Sequence[Run]) -> str:
+    varying = varying_settings(runs, leave_out=("concurrency",))
+    return " · ".join([run.builder, *(f"{key}={run.setting(key)}" for key in varying)])
+
+
+def partner(run: Run, runs: Sequence[Run], builder: str = GPU) -> Run | None:
+    """The first run of `builder` with exactly the same settings as `run`."""
+    return next((other for other in runs if other.builder == builder and other.settings == run.settings), None)
+
+
+def projection(run: Run, donor: Run) -> float | None:
+    """tok/s of a CPU-heapq run had its tree_build cost what it costs in its GPU-builder partner."""
+    return tok_per_s_with_stage_cost_of(run.summary, donor.summary, STAGE)
+
+
+def throughput_figure(runs: Sequence[Run]) -> go.Figure:
+    shown = sorted(plotted(runs), key=lambda run: run.sort_key)
+    lines: dict[str, list[Run]] = {}
+    for run in shown:
+        lines.setdefault(_line_name(run, shown), []).append(run)
+    figure = go.Figure()
+    for name, members in lines.items():
+        members.sort(key=lambda run: run.setting("concurrency"))
+        colour = BUILDER_COLOURS.get(members[0].builder, OTHER_BUILDER_COLOUR)
+        figure.add_trace(go.Scatter(
+            x=[run.setting("concurrency") for run in members], y=[run.summary["tok_per_s"] for run in members],
+            mode="lines+markers", name=name, line=dict(color=colour, width=2.5), marker=dict(size=9),
+            customdata=[[run.label, _serving(run), run.summary["bound_by"]] for run in members],
+            hovertemplate=("<b>%{customdata[0]}</b><br>%{y:.2f} decode tok/s at concurrency %{x}<br>"
+                           "serving tok/s (capture, incl. prefill): %{customdata[1]}<br>"
+                           "bound by %{customdata[2]}<extra></extra>")))
+        pairs = [(run, partner(run, shown)) for run in members if run.builder == CPU]
+        pairs = [(run, donor) for run, donor in pairs if donor is not None]
+        if pairs:
+            figure.add_trace(go.Scatter(
+                x=[run.setting("concurrency") for run, _ in pairs], y=[projection(run, donor) for run, donor in pairs],
+                mode="lines+markers", name=PROJECTION_NAME + name.removeprefix(CPU),
+                line=dict(color=BUILDER_COLOURS[GPU], dash="dash", width=2), marker=dict(symbol="diamond-open", size=10),
+                customdata=[[run.label, crit_ms_per_step(run.summary, STAGE), crit_ms_per_step(donor.summary, STAGE),
+                             run.summary["tok_per_s"]] for run, donor in pairs],
+                hovertemplate=(f"<b>%{{customdata[0]}}</b> with {STAGE} at %{{customdata[2]:.3f}} ms per step "
+                               f"(its {GPU} partner) instead of %{{customdata[1]:.3f}}<br>"
+                               "projected %{y:.2f} tok/s (measured %{customdata[3]:.2f})<extra></extra>")))
+    concurrencies = sorted({run.setting("concurrency") for run in shown})
+    log_axis = bool(concurrencies) and concurrencies[-1] >= 8 * concurrencies[0]
+    figure.update_xaxes(title_text="concurrency (requests in flight)", tickvals=concurrencies,
+                        type="log" if log_axis else "linear")
+    figure.update_yaxes(title_text="decode tok/s (tokens / wall time of the steps)", rangemode="tozero")
+    figure.update_layout(title=f"Tok/s vs concurrency, and {CPU} with its {STAGE} at the {GPU}'s cost",
+                         height=460, hovermode="closest", legend=dict(orientation="h", y=-0.25))
+    if not shown:
+        figure.add_annotation(text="no run records its concurrency (no capture metadata) and tok/s",
+                               showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    return figure
+
+
+def _serving(run: Run) -> str:
+    value = run.setting("tok_per_s")
+    return "unknown" if value is None else f"{value:.2f}"

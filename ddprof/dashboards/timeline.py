@@ -1,0 +1,124 @@
+"""Step timeline: a few consecutive steps as a Gantt chart, so a reader sees where the GPU idles.
+
+Host lanes: the steps and each stage's ranges on the decoding thread. GPU lane: every kernel,
+memcpy and memset of that process running in the window, coloured by the stage that launched it
+(ddprof.attribution's `stage`). One run at a time; a menu switches runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+
+from ddprof.attribution import Attribution
+from ddprof.dashboards.palette import STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
+from ddprof.dashboards.runs import Run
+from ddprof.intervals import union
+from engine.stages import STAGES, STEP
+
+GPU_LANE = "GPU"
+LANES = (STEP, *STAGES, GPU_LANE)  # top to bottom
+UNATTRIBUTED = "unattributed"
+DEFAULT_WINDOW_STEPS = 6
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive steps of one thread: the steps, stage ranges and GPU ops in them, times in ns."""
+
+    start: int
+    end: int
+    steps: pl.DataFrame
+    stage_ranges: pl.DataFrame
+    gpu_ops: pl.DataFrame
+
+    @property
+    def gpu_busy_share(self) -> float:
+        """Fraction of the window during which some GPU op of the process runs."""
+        starts, ends = union(np.clip(self.gpu_ops["start"].to_numpy(), self.start, self.end),
+                             np.clip(self.gpu_ops["end"].to_numpy(), self.start, self.end))
+        return float((ends - starts).sum()) / (self.end - self.start) if self.end > self.start else 0.0
+
+
+def window(attribution: Attribution, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
+    """`steps` consecutive steps from the middle of the run, on the thread that ran the most steps."""
+    counts = attribution.steps.group_by("pid", "tid").len().sort("len", "pid", "tid", descending=[True, False, False])
+    pid, tid = counts.row(0)[:2]
+    mine = attribution.steps.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("start")
+    first = max(0, (mine.height - steps) // 2)
+    chosen = mine.slice(first, steps)
+    start, end = int(chosen["start"].min()), int(chosen["end"].max())
+    ranges = attribution.stage_ranges.filter(pl.col("step_id").is_in(chosen["step_id"].to_list())).sort("start")
+    ops = attribution.gpu_ops.filter((pl.col("pid") == pid) & (pl.col("end") > start) & (pl.col("start") < end))
+    return Window(start, end, chosen, ranges, ops.sort("start"))
+
+
+def _bars(lane: list[str], start: np.ndarray, end: np.ndarray, origin: int, name: str, colour: str,
+          hover: list[str], visible: bool, show_legend: bool) -> go.Bar:
+    return go.Bar(y=lane, base=(start - origin) / 1e6, x=(end - start) / 1e6, orientation="h", name=name,
+                  legendgroup=name, marker_color=colour, hovertext=hover, hoverinfo="text", visible=visible,
+                  showlegend=show_legend)
+
+
+def _run_traces(run: Run, shown: Window, visible: bool) -> list[go.Bar | go.Scatter]:
+    origin = shown.start
+    steps = shown.steps
+    traces = [_bars([STEP] * steps.height, steps["start"].to_numpy(), steps["end"].to_numpy(), origin, STEP,
+                    STEP_COLOUR, [f"step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
+                                  f"{row['tokens']} tokens" for row in steps.iter_rows(named=True)],
+                    visible, True)]
+    ops = shown.gpu_ops.with_columns(pl.col("stage").fill_null(UNATTRIBUTED))
+    for stage in (*STAGES, UNATTRIBUTED):
+        host = shown.stage_ranges.filter(pl.col("stage") == stage)
+        gpu = ops.filter(pl.col("stage") == stage)
+        if host.height + gpu.height == 0:
+            continue
+        hover = [f"{stage} ({row['name']}) in step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
+                 f"{row['wait_ns'] / 1e6:.3f} ms waiting on the GPU" for row in host.iter_rows(named=True)]
+        hover += [f"{row['kind']} {row['name']}: {(row['end'] - row['start']) / 1e6:.3f} ms, launched by {stage}"
+                  for row in gpu.iter_rows(named=True)]
+        traces.append(_bars([stage] * host.height + [GPU_LANE] * gpu.height,
+                            np.concatenate([host["start"].to_numpy(), gpu["start"].to_numpy()]),
+                            np.concatenate([host["end"].to_numpy(), gpu["end"].to_numpy()]), origin, stage,
+                            STAGE_COLOURS.get(stage, UNATTRIBUTED_COLOUR), hover, visible, True))
+    if ops.height == 0:  # keep the GPU lane on the axis: an empty lane is the finding
+        traces.append(go.Scatter(x=[0], y=[GPU_LANE], mode="markers", marker_opacity=0, hoverinfo="skip",
+                                 showlegend=False, visible=visible))
+    return traces
+
+
+def _caption(run: Run, shown: Window) -> str:
+    first, last = shown.steps["step_id"].min(), shown.steps["step_id"].max()
+    gpu = (f"GPU busy {shown.gpu_busy_share:.0%} of the window" if run.attribution.has_gpu_activity
+           else "no GPU activity in this trace")
+    return f"{run.label}: steps {first}–{last} of {run.summary['steps']} · {gpu}"
+
+
+def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> go.Figure:
+    """One Gantt chart per run (the first shown; a menu picks another)."""
+    figure = go.Figure()
+    per_run, captions = [], []
+    for index, run in enumerate(runs):
+        shown = window(run.attribution, steps)
+        traces = _run_traces(run, shown, visible=index == 0)
+        figure.add_traces(traces)
+        per_run.append(len(traces))
+        captions.append(_caption(run, shown))
+    title = "Step timeline: host stage lanes and the GPU lane, coloured by launching stage"
+    buttons = []
+    for index, run in enumerate(runs):
+        mask = [i == index for i, count in enumerate(per_run) for _ in range(count)]
+        buttons.append(dict(label=run.label, method="update",
+                            args=[{"visible": mask}, {"title.text": f"{title}<br><sub>{captions[index]}</sub>"}]))
+    figure.update_layout(
+        title=f"{title}<br><sub>{captions[0]}</sub>" if captions else title, barmode="overlay", height=520,
+        xaxis_title="ms since the window's first step started",
+        yaxis=dict(categoryorder="array", categoryarray=list(LANES), autorange="reversed"),
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.18, yanchor="top")]
+        if len(runs) > 1 else [],
+        legend_title_text="stage (host range or GPU op)", margin=dict(t=110))
+    return figure

@@ -1,0 +1,70 @@
+"""`ddprof dashboard` as a user runs it: the file it writes, --json, the default path, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from plotly.offline import get_plotlyjs
+
+from ddprof.dashboards.page import FIGURES
+from tests.ddprof import known_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ddprof(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+
+
+def test_json_names_the_page_its_headline_and_each_runs_numbers(tmp_path):
+    traces = [known_runs.write(tmp_path, "gpu"), known_runs.write(tmp_path, "cpu")]
+    out = tmp_path / "pages" / "pair.html"
+    done = ddprof("dashboard", *traces, "--out", out, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["dashboard"] == str(out)
+    assert result["headline"] == ("tree_build bounds tok/s in CPU heapq (50% of step time); "
+                                  "verify bounds tok/s in GPU builder (50% of step time).")
+    assert [(r["label"], r["bound_by"], r["bound_by_crit_share"], r["steps"]) for r in result["runs"]] == [
+        ("CPU heapq", "tree_build", 0.5, 2), ("GPU builder", "verify", 0.5, 2)]
+    page = out.read_text()
+    assert page.count(get_plotlyjs()[:500]) == 1  # plotly's JavaScript, embedded once
+    assert "<script src=" not in page and 'src="http' not in page  # opens offline
+    for name in FIGURES:
+        assert f'id="{name}"' in page
+    assert [p.name for p in out.parent.iterdir()] == ["pair.html"]  # no partial file left behind
+
+
+def test_the_default_page_is_named_after_the_folder_of_the_traces(tmp_path):
+    folder = tmp_path / "sweep-42"
+    folder.mkdir()
+    traces = [known_runs.write(folder, "cpu"), known_runs.write(folder, "gpu")]
+    done = ddprof("dashboard", *traces, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "dashboards" / "sweep-42.html").is_file()
+    assert "tree_build bounds tok/s in CPU heapq" in done.stdout and "dashboards/sweep-42.html" in done.stdout
+    done = ddprof("dashboard", traces[0], cwd=tmp_path)
+    assert (tmp_path / "dashboards" / "known-cpu.html").is_file()
+
+
+def test_a_missing_trace_is_one_line_and_exit_code_2(tmp_path):
+    done = ddprof("dashboard", tmp_path / "nope.sqlite", "--out", tmp_path / "x.html")
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"ddprof: error: {tmp_path / 'nope.sqlite'}: no such file"
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    trace = known_runs.write(tmp_path, "cpu")
+    done = ddprof("dashboard", trace, "--window-steps", "0")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "ddprof: error: --window-steps must be at least 1 (got 0)"
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder should be")
+    done = ddprof("dashboard", trace, "--out", blocker / "page.html")
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"ddprof: error: {blocker}: the dashboard's folder is a file"
