@@ -27,6 +27,7 @@ COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 DTOH = 2
 
 _ID_SPAN = 1 << 24  # globalTid packs pid and tid in 24-bit fields
+_KEY_SPAN = 1 << 32  # correlation ids are 32-bit
 
 
 @dataclass(frozen=True)
@@ -251,9 +252,12 @@ def _gpu_ops(db: ExportDb, runtime: pl.DataFrame, strings: pl.DataFrame) -> pl.D
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
     ], how="diagonal")
-    launches = (runtime.select("pid", "correlation_id", launch_tid="tid", launch_start="start", launch_api="api")
-                .unique(["pid", "correlation_id"], keep="first"))
-    return (ops.join(launches, on=["pid", "correlation_id"], how="left")
-            .select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
-                    "launch_tid", "launch_start", "launch_api")
+    # One int64 key (pid, correlationId) joins twice as fast as two columns.
+    key = pl.col("pid") * _KEY_SPAN + pl.col("correlation_id")
+    launches = runtime.select(key.alias("key"), launch_tid="tid", launch_start="start", launch_api="api")
+    joined = ops.with_columns(key.alias("key")).join(launches, on="key", how="left")
+    if joined.height != ops.height:  # a correlationId on two runtime calls: keep the first
+        joined = ops.with_columns(key.alias("key")).join(launches.unique("key", keep="first"), on="key", how="left")
+    return (joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
+                          "launch_tid", "launch_start", "launch_api")
             .sort("start"))

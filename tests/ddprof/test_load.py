@@ -72,6 +72,14 @@ def test_gpu_ops_join_their_launch_by_correlation_id_within_the_process(tmp_path
         ("[memcpy DtoH]", 1, 12, 5, "cudaMemcpyAsync"), ("[memset]", 1, None, None, None)]
 
 
+def test_a_correlation_id_on_two_runtime_calls_joins_the_first_only(tmp_path):
+    export = Export()
+    export.runtime_call("cudaLaunchKernel_v7000", 1, 2, tid=11, correlation=9)
+    export.kernel(10, 20, launch=(5, 6), tid=12, correlation=9)
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    assert trace.gpu_ops.select("launch_tid", "launch_start").rows() == [(11, 1)]
+
+
 def test_absent_gpu_tables_give_empty_frames(tmp_path):
     export = Export()
     export.range(STEP, 0, 100)
