@@ -30,17 +30,17 @@ MAX_BUDGET = 64  # ancestor sets are one int64 bit set per node
 
 
 @triton.jit
-def _better(s1, a1, b1, m1, an1, ls1, lb1, lc1, s2, a2, b2, m2, an2, ls2, lb2, lc2):
+def _better(s1, a1, b1, m1, an1, s2, a2, b2, m2, an2):
     """Heap order: higher score first; equal scores pop in ascending rank-path order."""
     first = (s1 > s2) | ((s1 == s2) & ((a1 < a2) | ((a1 == a2) & (b1 < b2))))
     return (tl.where(first, s1, s2), tl.where(first, a1, a2), tl.where(first, b1, b2),
-            tl.where(first, m1, m2), tl.where(first, an1, an2), tl.where(first, ls1, ls2),
-            tl.where(first, lb1, lb2), tl.where(first, lc1, lc2))
+            tl.where(first, m1, m2), tl.where(first, an1, an2))
 
 
 @triton.jit
 def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
                        L: tl.constexpr, K: tl.constexpr, BUDGET: tl.constexpr, LANES: tl.constexpr,
+                       L_PAD: tl.constexpr, K_PAD: tl.constexpr,
                        NB: tl.constexpr, M0: tl.constexpr, DB: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     lq = lq_ptr + b * (L * K)
@@ -48,65 +48,61 @@ def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
     lane = tl.arange(0, LANES)
     neg_inf = float("-inf")
     empty_key = 0x7FFFFFFFFFFFFFFF
+    one = tl.full([], 1, tl.int64)
 
-    # Heap entry per lane. meta packs slot | rank << 8 | depth << 16 | (parent + 1) << 24 | token << 32.
-    # ls/lb/lc: the entry's own log-prob, its next sibling's and its first child's (float32 inputs).
-    root_self = tl.load(lq).to(tl.float32)
-    root_sib = tl.load(lq + 1, mask=K > 1, other=0.0).to(tl.float32)
-    root_child = tl.load(lq + K, mask=L > 1, other=0.0).to(tl.float32)
-    root_token = tl.load(ids).to(tl.int64)
+    # Read the [L, K] log-probs once with wide loads: the pops below then re-read single values
+    # from L1 instead of waiting on L2 in every step. The root's log-prob comes out of the tile.
+    row = tl.arange(0, L_PAD)[:, None]
+    col = tl.arange(0, K_PAD)[None, :]
+    in_table = (row < L) & (col < K)
+    lq_tile = tl.load(lq + row * K + col, mask=in_table, other=neg_inf).to(tl.float32)
+    root_self = tl.max(tl.max(tl.where((row == 0) & (col == 0), lq_tile, neg_inf), 1), 0)
+
+    # Heap entry per lane: score (float64), rank-path key (two words), meta packing
+    # slot | rank << 8 | depth << 16 | (parent + 1) << 24, and the ancestor set of its parent.
     is_root = lane == 0
     score = tl.where(is_root, root_self.to(tl.float64), neg_inf)
     key0 = tl.where(is_root, 0, empty_key).to(tl.int64)
     key1 = tl.where(is_root, 1, empty_key).to(tl.int64)
-    meta = tl.where(is_root, (root_token << 32) | (1 << 16), 0).to(tl.int64)
+    meta = tl.where(is_root, 1 << 16, 0).to(tl.int32)
     anc = tl.zeros([LANES], tl.int64)
-    l_self = tl.where(is_root, root_self, 0.0)
-    l_sib = tl.where(is_root, root_sib, 0.0)
-    l_child = tl.where(is_root, root_child, 0.0)
 
-    out_tok = tl.zeros([LANES], tl.int64)
-    out_depth = tl.zeros([LANES], tl.int64)
-    out_parent = tl.zeros([LANES], tl.int64)
+    out_rank = tl.zeros([LANES], tl.int32)
+    out_depth = tl.zeros([LANES], tl.int32)
+    out_parent = tl.zeros([LANES], tl.int32)
     out_anc = tl.zeros([LANES], tl.int64)
     free_slot = 1
     for n in range(BUDGET):
-        w_score, w_key0, w_key1, w_meta, w_anc, w_self, w_sib, w_child = tl.reduce(
-            (score, key0, key1, meta, anc, l_self, l_sib, l_child), 0, _better)
+        w_score, w_key0, w_key1, w_meta, w_anc = tl.reduce((score, key0, key1, meta, anc), 0, _better)
         slot = w_meta & 255
         rank = (w_meta >> 8) & 255
         depth = (w_meta >> 16) & 255
-        parent = ((w_meta >> 24) & 255) - 1
-        node_anc = w_anc | (tl.full([], 1, tl.int64) << n)
+        node_anc = w_anc | (one << n)
         here = lane == n
-        out_tok = tl.where(here, w_meta >> 32, out_tok)
+        out_rank = tl.where(here, rank, out_rank)
         out_depth = tl.where(here, depth, out_depth)
-        out_parent = tl.where(here, parent, out_parent)
+        out_parent = tl.where(here, (w_meta >> 24) - 1, out_parent)
         out_anc = tl.where(here, node_anc, out_anc)
 
         more = n < BUDGET - 1  # the last pop pushes nothing that could still be popped
-        # Next sibling (depth, rank + 1): same parent, same ancestors.
         has_sib = more & (rank + 1 < K)
-        row = lq + (depth - 1) * K
-        s_score = (w_score - w_self.to(tl.float64)) + w_sib.to(tl.float64)
+        has_child = more & (depth < L)
+        at = lq + (depth - 1) * K + rank
+        l_self = tl.load(at).to(tl.float32).to(tl.float64)
+        l_sib = tl.load(at + 1, mask=has_sib, other=0.0).to(tl.float32).to(tl.float64)
+        l_child = tl.load(lq + depth * K, mask=has_child, other=0.0).to(tl.float32).to(tl.float64)
+        # Next sibling (depth, rank + 1): same parent, same ancestors; one unit more at digit `depth`.
+        s_score = (w_score - l_self) + l_sib
         digit = depth - 1
         in_key0 = digit < M0
-        shift0 = tl.maximum((M0 - 1 - digit) * NB, 0)
-        shift1 = tl.maximum((L - 1 - digit) * NB + DB, 0)
-        one = tl.full([], 1, tl.int64)
+        shift0 = tl.maximum((M0 - 1 - digit) * NB, 0).to(tl.int64)
+        shift1 = tl.maximum((L - 1 - digit) * NB + DB, 0).to(tl.int64)
         s_key0 = w_key0 + tl.where(in_key0, one << shift0, 0)
         s_key1 = w_key1 + tl.where(in_key0, 0, one << shift1)
-        s_token = tl.load(ids + (depth - 1) * K + rank + 1, mask=has_sib, other=0).to(tl.int64)
-        s_meta = (s_token << 32) | (w_meta & 0xFFFF00FF) | ((rank + 1) << 8)
-        s_next = tl.load(row + rank + 2, mask=has_sib & (rank + 2 < K), other=0.0).to(tl.float32)
+        s_meta = w_meta + (1 << 8)
         # First child (depth + 1, rank 0): parent is node n, which joins the ancestor set.
-        has_child = more & (depth < L)
-        c_score = w_score + w_child.to(tl.float64)
-        c_token = tl.load(ids + depth * K, mask=has_child, other=0).to(tl.int64)
-        c_meta = (c_token << 32) | ((n + 1) << 24) | ((depth + 1) << 16) | free_slot
-        c_next = tl.load(lq + depth * K + 1, mask=has_child & (K > 1), other=0.0).to(tl.float32)
-        c_child = tl.load(lq + (depth + 1) * K, mask=has_child & (depth + 1 < L),
-                          other=0.0).to(tl.float32)
+        c_score = w_score + l_child
+        c_meta = ((n + 1) << 24) | ((depth + 1) << 16) | free_slot
 
         at_sib = lane == slot
         at_child = (lane == free_slot) & has_child
@@ -116,20 +112,18 @@ def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
         key1 = tl.where(at_child, w_key1 + 1, tl.where(sib_ok, s_key1, tl.where(at_sib, empty_key, key1)))
         meta = tl.where(at_child, c_meta, tl.where(sib_ok, s_meta, meta))
         anc = tl.where(at_child, node_anc, anc)
-        l_self = tl.where(at_child, w_child, tl.where(sib_ok, w_sib, l_self))
-        l_sib = tl.where(at_child, c_next, tl.where(sib_ok, s_next, l_sib))
-        l_child = tl.where(at_child, c_child, tl.where(sib_ok, w_child, l_child))
         free_slot += has_child.to(tl.int32)
 
     valid = lane < BUDGET
+    tokens = tl.load(ids + (out_depth - 1) * K + out_rank, mask=valid, other=0)
     out = b * BUDGET + lane
-    tl.store(tok_out + out, out_tok, mask=valid)
-    tl.store(depth_out + out, out_depth, mask=valid)
-    tl.store(parent_out + out, out_parent, mask=valid)
-    col = tl.arange(0, LANES)
-    vis = ((out_anc[:, None] >> col[None, :]) & 1) != 0
-    vis_offs = b * (BUDGET * BUDGET) + lane[:, None] * BUDGET + col[None, :]
-    tl.store(vis_out + vis_offs, vis, mask=valid[:, None] & (col[None, :] < BUDGET))
+    tl.store(tok_out + out, tokens.to(tl.int64), mask=valid)
+    tl.store(depth_out + out, out_depth.to(tl.int64), mask=valid)
+    tl.store(parent_out + out, out_parent.to(tl.int64), mask=valid)
+    vis_col = tl.arange(0, LANES)
+    vis = ((out_anc[:, None] >> vis_col[None, :]) & 1) != 0
+    vis_offs = b * (BUDGET * BUDGET) + lane[:, None] * BUDGET + vis_col[None, :]
+    tl.store(vis_out + vis_offs, vis, mask=valid[:, None] & (vis_col[None, :] < BUDGET))
 
 
 def _key_layout(depth_limit: int, k: int, budget: int) -> tuple[int, int, int]:
@@ -168,5 +162,5 @@ def build_tree_gpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, bud
         _tree_build_kernel[(bs,)](
             top_log_probs.contiguous(), top_token_ids.contiguous(), tokens, depths, parents, visibility,
             L=depth_limit, K=k, BUDGET=budget, LANES=max(2, triton.next_power_of_2(budget)),
-            NB=digit_bits, M0=first_word, DB=depth_bits, num_warps=1)
+            L_PAD=triton.next_power_of_2(depth_limit), K_PAD=triton.next_power_of_2(k), NB=digit_bits, M0=first_word, DB=depth_bits, num_warps=1)
     return TreeBatch(tokens, depths, parents, visibility)

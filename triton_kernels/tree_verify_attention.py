@@ -26,19 +26,31 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32  # keys per chunk (and per tensor-core product)
+# Default tile per element size: (keys per chunk, warps, pipeline stages). 16-bit rows use the
+# tensor cores; float32 rows (tests, CPU interpreter) need smaller tiles to fit shared memory.
+DEFAULT_CONFIG = {2: (64, 8, 2), 4: (16, 8, 1)}
 BLOCK_H_COMBINE = 16
 
 
 @triton.jit
 def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale,
-                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr):
-    """One chunk of online softmax (base 2) for all heads of one query."""
-    k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
-    k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
+                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """One chunk of online softmax (base 2) for all heads of one query.
+
+    MASKED=False is for chunks known to be all visible: the same arithmetic minus the no-op masks
+    (fewer registers), so both variants give the same bits on such a chunk.
+    """
+    if MASKED:
+        k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
+        k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
+    else:
+        k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :])
+        k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :])
     s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
     s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    s = s * qk_scale
+    if MASKED:
+        s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -66,12 +78,12 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
     q_nope = q_nope.to(kv_ptr.dtype.element_ty)
     q_rope = q_rope.to(kv_ptr.dtype.element_ty)
 
-    # Visible block columns of this query, in increasing order = virtual positions P, P+1, ...
+    # Keys this query sees: the prefix, then its visible block columns (ancestors and itself).
     cols = tl.arange(0, T_PAD)
-    visible = tl.load(mask_ptr + query * T + cols, mask=cols < T, other=0) != 0
-    rank = tl.cumsum(visible.to(tl.int32), 0)  # 1-based order among visible columns
+    mask_row = mask_ptr + query * T
+    n_visible = tl.sum(tl.load(mask_row + cols, mask=cols < T, other=0).to(tl.int32), 0)
     prefix = tl.load(prefix_ptr + b).to(tl.int32)
-    n_keys = prefix + tl.sum(visible.to(tl.int32), 0)
+    n_keys = prefix + n_visible
     span = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * span
     hi = tl.minimum(lo + span, n_keys)
@@ -85,14 +97,20 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
     for start in range(lo, tl.minimum(hi, tail_start), BLOCK_N):
         pos = start + offs
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + pos.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION, False)
     for start in range(tl.maximum(lo, tail_start), hi, BLOCK_N):
         pos = start + offs
-        nth = pos - prefix + 1  # for block positions: which visible column (1-based)
-        col = tl.sum(tl.where(visible[None, :] & (rank[None, :] == nth[:, None]), cols[None, :], 0), 1)
+        # Virtual position prefix + k holds the (k+1)-th visible block column: gather its row.
+        nth = pos - prefix + 1
+        col = tl.zeros([BLOCK_N], tl.int32)
+        seen = tl.zeros([], tl.int32)
+        for j in range(T):
+            is_visible = tl.load(mask_row + j).to(tl.int32)
+            seen += is_visible
+            col = tl.where((is_visible != 0) & (nth == seen), j, col)
         rows = tl.where(pos < prefix, pos, prefix + col)
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + rows.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION, True)
 
     dv = tl.arange(0, DV)
     if NUM_SPLITS == 1:
@@ -139,15 +157,23 @@ def _sm_count(device_index: int) -> int:
 
 
 def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU once, but no split shorter than 1024 keys of cache."""
+    """Fewest splits whose programs fill the GPU's last wave at least 90%, with >= 256 keys each.
+
+    One program per query runs per SM at a time, so bs * T * splits programs take
+    ceil(programs / SMs) waves; a nearly empty last wave would cost as much as a full one.
+    """
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
-    return max(1, min(triton.cdiv(sms, bs * T), max_len // 1024))
+    queries = bs * T
+    most = max(1, min(64, max_len // 256))
+    fill = [(queries * s / (triton.cdiv(queries * s, sms) * sms), s) for s in range(1, most + 1)]
+    good = [s for f, s in fill if f >= 0.9]
+    return good[0] if good else max(fill)[1]
 
 
 def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.Tensor,
                           tree_mask: torch.Tensor, scale: float, v_dim: int, *,
-                          num_splits: int | None = None, block_n: int = BLOCK_N, num_warps: int = 8,
-                          num_stages: int = 2) -> torch.Tensor:
+                          num_splits: int | None = None, block_n: int | None = None,
+                          num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Same contract as `engine.attention.tree_attention`; returns o [bs, T, H, v_dim] in q's dtype.
 
     q is cast to kv's dtype for the tensor-core products (accumulation is float32). `num_splits`
@@ -162,6 +188,8 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
     for name, dim in (("v_dim", v_dim), ("rope dim", rope)):
         if dim < 16 or dim & (dim - 1):
             raise ValueError(f"tree_verify_attention: {name} {dim} must be a power of two >= 16")
+    default_n, default_warps, default_stages = DEFAULT_CONFIG[kv.element_size()]
+    block_n, num_warps, num_stages = block_n or default_n, num_warps or default_warps, num_stages or default_stages
     out = torch.empty(bs, T, H, v_dim, dtype=q.dtype, device=q.device)
     if bs == 0:
         return out
