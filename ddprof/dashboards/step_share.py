@@ -89,7 +89,10 @@ def step_share_figure(runs: Sequence[Run]) -> go.Figure:
         if not members:
             continue
         members = sorted(members, key=lambda run: (run.sort_key, positions[id(run)][1]))
-        x = [[positions[id(run)][0] for run in members], [positions[id(run)][1] for run in members]]
+        groups = [positions[id(run)][0] for run in members]
+        bars = [positions[id(run)][1] for run in members]
+        # A second axis level only when it tells runs apart; else the facet's title (or the figure's) names it.
+        x = [groups, bars] if len(set(groups)) > 1 else bars
         per_run = [owner_rows(run.summary) for run in members]
         for code, owner in enumerate(OWNERS):
             cells_of_owner = [rows_of_run[code] for rows_of_run in per_run]
@@ -106,7 +109,8 @@ def step_share_figure(runs: Sequence[Run]) -> go.Figure:
     figure.update_yaxes(range=[0, 1], tickformat=".0%")
     figure.update_yaxes(title_text="share of step time (critical path)", col=1)
     figure.update_layout(barmode="stack", height=120 + 360 * rows, legend_title_text="stage",
-                         margin=dict(t=60, b=40), title="Step share per stage (crit_share)")
+                         margin=dict(t=60, b=40), title="Step share per stage (crit_share)" + (
+                             f" · {groups[0]}" if len(cells) == 1 and len(set(groups)) == 1 else ""))
     return figure
 
 

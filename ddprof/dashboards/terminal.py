@@ -32,6 +32,6 @@ def view(runs: Sequence[Run], dashboard: Path) -> Group:
         table.add_column(column, justify="left" if column in ("run", "trace", "bound by") else "right")
     for run in runs:
         rate = run.summary["tok_per_s"]
-        table.add_row(run.label, str(run.source), str(run.summary["steps"]), "n/a" if rate is None else f"{rate:.2f}",
+        table.add_row(run.label, run.source.name, str(run.summary["steps"]), "n/a" if rate is None else f"{rate:.2f}",
                       run.summary["bound_by"], f"{bound_share(run) * 100:.1f}%")
     return Group(Text(headline(runs), style="bold"), table, Text(f"dashboard: {dashboard}"))

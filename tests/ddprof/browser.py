@@ -63,6 +63,7 @@ class PageReport:
     requests: list[str] = field(default_factory=list)
     plots: list[dict] = field(default_factory=list)
     headline: str = ""
+    values: dict = field(default_factory=dict)  # results of the caller's `evaluate` expressions
     screenshot: Path | None = None
 
 
@@ -161,8 +162,11 @@ def _errors(events: list[dict]) -> list[str]:
 
 
 def open_page(page: Path, screenshot: Path, *, width: int = 1400, settle_ms: int = 30_000,
-              log: Path | None = None) -> PageReport:
-    """Load `page` in a fresh profile, wait for its plots, read them and write a full-page PNG to `screenshot`."""
+              evaluate: dict[str, str] | None = None, log: Path | None = None) -> PageReport:
+    """Load `page` in a fresh profile, wait for its plots, read them and write a full-page PNG to `screenshot`.
+
+    `evaluate` maps names to JavaScript expressions run once the plots are drawn (e.g. to read
+    what a figure holds); their JSON-able results come back in `values`."""
     executable = find_chromium()
     if executable is None:
         raise BrowserError("chromium not found: install it with `bash scripts/setup.sh` (Debian package chromium)")
@@ -188,6 +192,8 @@ def open_page(page: Path, screenshot: Path, *, width: int = 1400, settle_ms: int
         headline = browser.call("Runtime.evaluate", {
             "expression": "(document.getElementById('headline') || {}).textContent || ''", "returnByValue": True},
             session)
+        values = {name: browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                                     session)["result"].get("value") for name, expression in (evaluate or {}).items()}
         size = browser.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
         browser.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": int(size["height"]) + 1,
                                                             "deviceScaleFactor": 1, "mobile": False}, session)
@@ -199,7 +205,7 @@ def open_page(page: Path, screenshot: Path, *, width: int = 1400, settle_ms: int
         return PageReport(console_errors=_errors(browser.events),
                           requests=[url for url in requests if url != page.as_uri()],
                           plots=plots["result"]["value"], headline=headline["result"]["value"],
-                          screenshot=screenshot)
+                          values=values, screenshot=screenshot)
     finally:
         browser.close()
         shutil.rmtree(profile, ignore_errors=True)

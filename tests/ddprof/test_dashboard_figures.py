@@ -44,14 +44,15 @@ def test_bar_heights_equal_the_shares(pair):
     assert [trace.name for trace in figure.data] == list(OWNERS)
     order = [run.builder for run in pair]
     for trace in figure.data:
-        assert list(trace.x[1]) == ["CPU heapq", "GPU builder"]  # the pair side by side, CPU heapq first
-        for bar, height in zip(trace.x[1], trace.y):
+        assert list(trace.x) == ["CPU heapq", "GPU builder"]  # the pair side by side, CPU heapq first
+        for bar, height in zip(trace.x, trace.y):
             run = pair[order.index(bar)]
             assert height == pytest.approx(SHARES[run.setting("builder")][trace.name], abs=1e-12)
             expected = (run.summary["other_crit_share"] if trace.name == "other" else
                         next(s["crit_share"] for s in run.summary["stages"] if s["stage"] == trace.name))
             assert height == expected
     assert np.sum([trace.y for trace in figure.data], axis=0) == pytest.approx([1, 1])
+    assert figure.layout.title.text == "Step share per stage (crit_share) · budget=8 · concurrency=2"
 
 
 def test_hover_shows_ms_per_step_cpu_ms_and_gpu_ms(pair):
@@ -72,7 +73,7 @@ def test_a_sweep_is_faceted_by_budget_and_concurrency(sweep):
     assert titles == [f"budget={b} · concurrency={c}" for b in (8, 16) for c in (1, 2)]
     assert len(figure.data) == 4 * len(OWNERS)
     for trace in figure.data:
-        assert list(trace.x[1]) == ["CPU heapq", "GPU builder"]
+        assert list(trace.x) == ["CPU heapq", "GPU builder"]
         assert list(trace.y) == pytest.approx([SHARES["cpu"][trace.name], SHARES["gpu"][trace.name]])
     assert sum(trace.showlegend for trace in figure.data) == len(OWNERS)  # one legend entry per stage
 
@@ -183,7 +184,8 @@ def test_a_trace_without_metadata_is_labelled_by_file_name_and_said_unknown(tmp_
     assert runs[1].builder == "unknown"
     assert any(n.startswith("bare: no bare.json beside the trace") for n in notes(runs))
     assert [trace.name for trace in throughput_figure(runs).data] == ["CPU heapq"]  # no concurrency: not placed
-    assert list(step_share_figure(runs).data[0].x[0]) == ["budget=8 · concurrency=2", "no metadata"]
+    x = step_share_figure(runs).data[0].x
+    assert [list(level) for level in x] == [["budget=8 · concurrency=2", "no metadata"], ["CPU heapq", "bare"]]
 
 
 def test_metadata_that_disagrees_with_the_trace_is_flagged(tmp_path):
