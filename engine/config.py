@@ -7,8 +7,10 @@ Presets:
 - `tiny`: a whole DDTree generation in a few seconds on two CPU cores; the tests use it.
 - `small`: the CPU demo default (serving captures with dozens of concurrent requests).
 - `k2-layer`: Kimi K2's exact per-layer shapes with 1 dense + 2 MoE layers, bf16, for one H200.
-tiny and small use the byte tokenizer's vocabulary. All inner dimensions are multiples of 16 so
-every row of a [rows, dim] tensor starts equally aligned (see `model.linear`).
+tiny and small use the engine's trained tokenizer (engine/tokenizer.py: vocabulary and MASK id) and
+have trained weights (engine/trained.py); small's experts are a quarter of the hidden size wide, as
+K2's are. All inner dimensions are multiples of 16 so every row of a [rows, dim] tensor starts
+equally aligned (see `model.linear`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.errors import EngineError
-from engine.tokenizer import ByteTokenizer
+from engine.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,14 @@ def _preset(description: str, drafter: dict, **model) -> Preset:
     return Preset(ModelConfig(**model), DrafterConfig(**drafter), description)
 
 
-BYTES = ByteTokenizer()
+TOKENIZER = load_tokenizer()
 
 PRESETS: dict[str, Preset] = {
     "tiny": _preset(
         "2 layers (1 dense + 1 MoE with group-limited routing), hidden 64: for tests",
         dict(num_hidden_layers=1, num_attention_heads=4, head_dim=16, intermediate_size=128, block_size=5,
-             target_layer_ids=(0, 1), mask_token_id=BYTES.mask_id),
-        vocab_size=BYTES.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, q_lora_rank=32,
+             target_layer_ids=(0, 1), mask_token_id=TOKENIZER.mask_id),
+        vocab_size=TOKENIZER.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, q_lora_rank=32,
         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, intermediate_size=128,
         moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True,
@@ -156,17 +158,17 @@ PRESETS: dict[str, Preset] = {
     "small": _preset(
         "4 layers (1 dense + 3 MoE), hidden 256, 8 experts: the CPU demo",
         dict(num_hidden_layers=1, num_attention_heads=4, head_dim=64, intermediate_size=512, block_size=8,
-             target_layer_ids=(1, 3), mask_token_id=BYTES.mask_id),
-        vocab_size=BYTES.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, q_lora_rank=128,
+             target_layer_ids=(1, 3), mask_token_id=TOKENIZER.mask_id),
+        vocab_size=TOKENIZER.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, q_lora_rank=128,
         kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, intermediate_size=512,
-        moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.827, n_group=1, topk_group=1, norm_topk_prob=True,
         scoring_func="sigmoid", rope_theta=50000.0, rope_scaling=yarn(8.0, 512, 1.0, 1.0), rms_norm_eps=1e-6,
         max_position_embeddings=4096),
     "k2-layer": _preset(
         "Kimi K2 per-layer shapes, 1 dense + 2 MoE layers, bf16: for one H200",
         dict(num_hidden_layers=1, num_attention_heads=32, head_dim=128, intermediate_size=18432, block_size=16,
-             target_layer_ids=(1, 2), mask_token_id=BYTES.mask_id),
+             target_layer_ids=(1, 2), mask_token_id=TOKENIZER.mask_id),
         vocab_size=163840, hidden_size=7168, num_hidden_layers=3, num_attention_heads=64, q_lora_rank=1536,
         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
         moe_intermediate_size=2048, n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1,

@@ -7,9 +7,9 @@ import torch
 
 import engine.ddtree
 from engine.engine import Engine
-from engine.tokenizer import ByteTokenizer
+from engine.tokenizer import load_tokenizer
 
-TOK = ByteTokenizer()
+TOK = load_tokenizer()
 PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog, again and again and again.", "a",
            "def f(x):\n    return x * 2\n"]
 
