@@ -97,13 +97,25 @@ class Rotary(nn.Module):
 
     def __init__(self, dim: int, theta: float, scaling: dict | None, max_positions: int):
         super().__init__()
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), rope_frequencies(dim, theta, scaling))
+        self.dim, self.theta, self.scaling = dim, theta, scaling
+        self.register_buffer("cos", torch.empty(max_positions, dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_positions, dim // 2), persistent=False)
+        self.fill_tables()
+
+    def fill_tables(self) -> None:
+        """Compute the tables where they live (again after `to_empty` moved a meta model to a device)."""
+        if self.cos.is_meta:
+            return
+        positions = torch.arange(self.cos.shape[0], dtype=torch.float64, device=self.cos.device)
+        angles = torch.outer(positions, rope_frequencies(self.dim, self.theta, self.scaling).to(self.cos.device))
         magnitude = 1.0
-        if scaling and scaling.get("type", scaling.get("rope_type")) == "yarn":
-            factor = scaling["factor"]
-            magnitude = yarn_mscale(factor, scaling.get("mscale", 1)) / yarn_mscale(factor, scaling.get("mscale_all_dim", 0))
-        self.register_buffer("cos", (angles.cos() * magnitude).float(), persistent=False)
-        self.register_buffer("sin", (angles.sin() * magnitude).float(), persistent=False)
+        if self.scaling and self.scaling.get("type", self.scaling.get("rope_type")) == "yarn":
+            factor = self.scaling["factor"]
+            magnitude = (yarn_mscale(factor, self.scaling.get("mscale", 1))
+                         / yarn_mscale(factor, self.scaling.get("mscale_all_dim", 0)))
+        with torch.no_grad():
+            self.cos.copy_(angles.cos() * magnitude)
+            self.sin.copy_(angles.sin() * magnitude)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate adjacent pairs of x [..., P, (heads,) dim] by their positions [..., P]."""
@@ -379,10 +391,20 @@ def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
                 tensor.normal_(0.0, std, generator=generator)
 
 
+def allocate_target(config: ModelConfig, *, device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None) -> TargetModel:
+    """A target with uninitialised weights, allocated once, on `device`, in its final dtype (K2
+    shapes would not fit one GPU in float32 even for a moment); only the RoPE tables are filled."""
+    with torch.device("meta"):
+        model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
+    model.to_empty(device=device)
+    model.model.rotary.fill_tables()
+    return model
+
+
 def build_target(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> TargetModel:
     """A target with seeded random weights, built directly on `device` in the config's dtype."""
-    with torch.device(device):
-        model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
+    model = allocate_target(config, device=device, dtype=dtype)
     init_random(model, seed)
     return model.eval().requires_grad_(False)

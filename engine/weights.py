@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from engine.config import ModelConfig
 from engine.errors import EngineError
-from engine.model import TargetModel
+from engine.model import TargetModel, allocate_target
 
 INDEX = "model.safetensors.index.json"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -64,8 +64,7 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
     """The target described by `directory/config.json`, with the shards' weights."""
     directory = Path(directory)
     config = read_config(directory)
-    with torch.device(device):
-        model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
+    model = allocate_target(config, device=device, dtype=dtype)
     wanted = model.state_dict()
     where = _shard_of_each_tensor(directory)
     quantized = [n for n in where if n.endswith("weight_scale_inv")]

@@ -142,3 +142,16 @@ def test_config_rejects_what_the_model_cannot_run():
         dataclasses.replace(TINY, scoring_func="softmax")
     with pytest.raises(EngineError, match="n_group"):
         dataclasses.replace(TINY, n_group=3)
+
+
+def test_k2_layer_fits_one_h200_in_bf16():
+    """Allocated on the meta device (no memory): every weight is created directly in bf16."""
+    from engine.model import allocate_target
+
+    model = allocate_target(preset("k2-layer").model, device="meta")
+    sizes = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel() * tensor.element_size()
+    assert set(sizes) == {torch.bfloat16, torch.float32}
+    assert sizes[torch.float32] < 2**30  # routers and RoPE tables only
+    assert 60e9 < sizes[torch.bfloat16] < 80e9  # about 73 GB of weights, leaving room for the caches
