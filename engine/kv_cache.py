@@ -22,8 +22,6 @@ def compact_accepted(kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.T
     another move's source, so all sources are read (gathered into a copy) before any row is written.
     """
     moving = torch.arange(accepted.shape[1], device=accepted.device)[None, :] < accept_len[:, None]
-    if not bool(moving.any()):
-        return
     batch, step = moving.nonzero(as_tuple=True)
     base = prefix_lens[batch] + 1
     source = base + accepted[batch, step]

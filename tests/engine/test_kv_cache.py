@@ -50,3 +50,10 @@ def test_write_places_rows():
     cache.write(1, torch.tensor([1, 0]), torch.tensor([[4, 5], [0, 1]]), rows)
     assert torch.equal(cache.kv[1, 1, 4:6], rows[0]) and torch.equal(cache.kv[1, 0, 0:2], rows[1])
     assert cache.kv[0].abs().sum() == 0
+
+
+def test_compaction_with_nothing_accepted_changes_nothing():
+    kv = torch.randn(2, 3, 8, 4)
+    before = kv.clone()
+    compact_accepted(kv, torch.tensor([2, 0]), torch.tensor([1, 3]), torch.full((2, 3), -1), torch.zeros(2, dtype=torch.int64))
+    assert torch.equal(kv, before)
