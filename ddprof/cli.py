@@ -62,7 +62,7 @@ def capture(
     builder: str = typer.Option(None, help="Tree builder: cpu or gpu (default: the engine's)."),
     budget: int = typer.Option(None, help="DDTree node budget per step (default: the engine's)."),
     requests: int = typer.Option(None, help="Requests to serve (default: the engine's)."),
-    max_new_tokens: int = typer.Option(None, help="Cap on tokens generated per request (default: the engine's)."),
+    max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it (default: the engine's)."),
     seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
     out: Path = typer.Option(Path("traces/run"), help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),

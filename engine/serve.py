@@ -28,8 +28,8 @@ from engine.workloads import WORKLOADS, generate
 # Defaults sized so `make demo` (chat, concurrency 32, small model, CPU) captures in minutes on 2 cores.
 DEFAULT_MODEL = "small"
 DEFAULT_BUDGET = 8
-DEFAULT_REQUESTS = 64
-DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_REQUESTS = 128
+DEFAULT_MAX_NEW_TOKENS = 64
 WEIGHT_SEED = 0  # target weights; the drafter uses WEIGHT_SEED + 1
 
 
@@ -43,9 +43,12 @@ def register(subcommands) -> None:
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"tree nodes per step (default {DEFAULT_BUDGET})")
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help=f"default {DEFAULT_REQUESTS}")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                        help=f"cap on each request's answer length (default {DEFAULT_MAX_NEW_TOKENS})")
+                        help=f"longest answer: the workload's answer lengths are scaled to it (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--cpu-threads", type=int, default=1,
+                        help="torch threads on the CPU (default 1: on shared cores, every op with more threads "
+                             "waits for whichever OpenMP thread was descheduled)")
     parser.add_argument("--summary", type=Path, help="write the run's JSON summary here")
     parser.add_argument("--progress", type=Path, help="append 'done total' lines here as requests finish")
     parser.add_argument("--check", action="store_true", help="validate the arguments and requests, then exit")
@@ -55,7 +58,7 @@ def register(subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    for name in ("concurrency", "budget", "requests", "max_new_tokens"):
+    for name in ("concurrency", "budget", "requests", "max_new_tokens", "cpu_threads"):
         if getattr(args, name) < 1:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     config = preset(args.model)
@@ -80,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.generate import load_models
 
+    if device == "cpu":
+        torch.set_num_threads(args.cpu_threads)
+
     target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
     engine = Engine(target, drafter, budget=args.budget, builder=args.builder, n_slots=args.concurrency,
                     max_len=max_len, device=device)
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             "generated_tokens": result.generated_tokens, "steps": result.steps,
             "target_forwards": result.target_forwards,
             "wall_s": round(wall_s, 3), "tok_per_s": round(result.generated_tokens / wall_s, 2),
-            "device": _device_name(device),
+            "device": _device_name(device), "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "triton": _triton_version()},
         })

@@ -6,7 +6,9 @@ The same (workload, seed, count, cap, Python version, tokenizer) always yields t
 
 Lengths are in tokens (a prompt's count includes its leading BOS), drawn per request from a log-normal distribution (median, sigma) clipped
 to [lo, hi]; sigma 0 means constant. A request's answer length is its `max_new_tokens` (it may stop
-earlier at EOS); `--max-new-tokens` caps every draw, and for `fixed` it *is* the answer length.
+earlier at EOS). `--max-new-tokens M` rescales answer lengths by M / hi, so the longest possible
+answer is M and a short (CPU-sized) run keeps the workload's mix of short and long answers; for
+`fixed` M is the answer length.
 
 | workload     | text        | prompt tokens                    | answer tokens                 |
 |--------------|-------------|----------------------------------|-------------------------------|
@@ -82,8 +84,8 @@ def generate(name: str, count: int, seed: int, tokenizer: Encoder,
     for request_id in range(count):
         prompt_len = workload.prompt.draw(rng)
         answer_len = workload.answer.draw(rng)
-        if max_new_tokens is not None:
-            answer_len = max_new_tokens if name == "fixed" else min(answer_len, max_new_tokens)
+        if max_new_tokens is not None:  # rescale, so a short run keeps the workload's mix of lengths
+            answer_len = max(1, round(answer_len * max_new_tokens / workload.answer.hi))
         prompt = [tokenizer.bos_id] + _passage(rng, workload.text, prompt_len - 1, tokenizer)
         requests.append(Request(request_id, prompt, answer_len))
     return requests

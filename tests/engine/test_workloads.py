@@ -35,11 +35,13 @@ def test_lengths_follow_the_documented_distribution(name):
             assert len(set(drawn)) > 20
 
 
-def test_max_new_tokens_caps_answers_and_sets_fixed_ones():
-    capped = generate("chat", 100, seed=0, tokenizer=TOKENIZER, max_new_tokens=24)
-    uncapped = generate("chat", 100, seed=0, tokenizer=TOKENIZER)
-    assert [r.max_new_tokens for r in capped] == [min(r.max_new_tokens, 24) for r in uncapped]
-    assert [r.prompt_tokens for r in capped] == [r.prompt_tokens for r in uncapped]
+def test_max_new_tokens_rescales_answers_and_sets_fixed_ones():
+    scaled = generate("chat", 100, seed=0, tokenizer=TOKENIZER, max_new_tokens=24)
+    full = generate("chat", 100, seed=0, tokenizer=TOKENIZER)
+    hi = WORKLOADS["chat"].answer.hi
+    assert [r.max_new_tokens for r in scaled] == [max(1, round(r.max_new_tokens * 24 / hi)) for r in full]
+    assert max(r.max_new_tokens for r in scaled) <= 24 and len({r.max_new_tokens for r in scaled}) > 5
+    assert [r.prompt_tokens for r in scaled] == [r.prompt_tokens for r in full]
     assert {r.max_new_tokens for r in generate("fixed", 10, seed=0, tokenizer=TOKENIZER, max_new_tokens=7)} == {7}
 
 
