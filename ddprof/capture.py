@@ -97,6 +97,8 @@ def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] 
     """
     nsys = find_nsys()
     out = Path(request.out)
+    if out.suffix in (".nsys-rep", ".sqlite", ".json"):  # `--out traces/x.nsys-rep` means traces/x
+        out = out.with_suffix("")
     _make_output_folder(out.parent)
     device = "cuda" if cuda_available() else "cpu"
     env = allowlisted_env()

@@ -65,6 +65,7 @@ def capture(
     max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it (default: the engine's)."),
     seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
     out: Path = typer.Option(Path("traces/run"), help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
+    timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
 ) -> None:
     """Serve a workload under Nsight Systems; write the report, its SQLite export and a JSON summary."""
@@ -75,7 +76,8 @@ def capture(
 
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
-                             budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed)
+                             budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
+                             timeout_s=timeout)
 
     status = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -28,7 +28,8 @@ def run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DDPROF_TEST_TOKEN", SECRET)
         env.setenv("PATH", f"{PATH_MARKER}:{os.environ['PATH']}")
-        result = capture(CaptureRequest(workload="chat", concurrency=4, out=out_dir / "run", model="tiny",
+        # `--out X.nsys-rep` names the capture X, like `--out X`
+        result = capture(CaptureRequest(workload="chat", concurrency=4, out=out_dir / "run.nsys-rep", model="tiny",
                                         requests=REQUESTS, max_new_tokens=6, seed=3),
                          on_progress=lambda done, total: progress.append((done, total)))
     return out_dir, result, progress
