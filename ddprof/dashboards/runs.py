@@ -24,7 +24,7 @@ UNKNOWN = "unknown"
 # What a capture was asked to do (not what it measured); runs that agree on all but the builder are a pair.
 SETTINGS = ("model", "workload", "concurrency", "budget", "requests", "max_new_tokens", "seed")
 _BUILDER_ORDER = {name: i for i, name in enumerate(BUILDER_NAMES.values())}
-_SHORT = {"concurrency": "c", "budget": "budget", "max_new_tokens": "max_new", "requests": "requests"}
+_SHORT = {"concurrency": "c", "max_new_tokens": "max_new"}
 
 
 @dataclass(frozen=True)

@@ -64,15 +64,19 @@ def throughput_figure(runs: Sequence[Run]) -> go.Figure:
                 mode="lines+markers", name=PROJECTION_NAME + name.removeprefix(CPU),
                 line=dict(color=BUILDER_COLOURS[GPU], dash="dash", width=2), marker=dict(symbol="diamond-open", size=10),
                 customdata=[[run.label, crit_ms_per_step(run.summary, STAGE), crit_ms_per_step(donor.summary, STAGE),
-                             run.summary["tok_per_s"]] for run, donor in pairs],
+                             run.summary["tok_per_s"], donor.summary["tok_per_s"]] for run, donor in pairs],
                 hovertemplate=(f"<b>%{{customdata[0]}}</b> with {STAGE} at %{{customdata[2]:.3f}} ms per step "
-                               f"(its {GPU} partner) instead of %{{customdata[1]:.3f}}<br>"
-                               "projected %{y:.2f} tok/s (measured %{customdata[3]:.2f})<extra></extra>")))
+                               f"(its {GPU} partner's) instead of %{{customdata[1]:.3f}}<br>"
+                               f"projected %{{y:.2f}} tok/s; measured: {CPU} %{{customdata[3]:.2f}}, "
+                               f"{GPU} %{{customdata[4]:.2f}}<extra></extra>")))
     concurrencies = sorted({run.setting("concurrency") for run in shown})
     log_axis = bool(concurrencies) and concurrencies[-1] >= 8 * concurrencies[0]
     figure.update_xaxes(title_text="concurrency (requests in flight)", tickvals=concurrencies,
                         type="log" if log_axis else "linear")
-    figure.update_yaxes(title_text="decode tok/s (tokens / wall time of the steps)", rangemode="tozero")
+    rates = [y for trace in figure.data for y in trace.y if y]
+    wide = bool(rates) and max(rates) >= 10 * min(rates)  # builders an order of magnitude apart: log scale
+    figure.update_yaxes(title_text="decode tok/s (tokens / wall time of the steps)", type="log" if wide else "linear",
+                        rangemode="normal" if wide else "tozero")
     figure.update_layout(title=f"Tok/s vs concurrency, and {CPU} with its {STAGE} at the {GPU}'s cost",
                          height=460, hovermode="closest", legend=dict(orientation="h", y=-0.25))
     if not shown:

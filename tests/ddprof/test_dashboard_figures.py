@@ -95,6 +95,7 @@ def test_tok_per_s_lines_per_builder_and_the_projection_beside_them(sweep):
         line = lines[f"{PROJECTION_NAME} · budget={budget}"]
         assert list(line.x) == [1, 2] and list(line.y) == pytest.approx([projected] * 2)
         assert line.line.dash == "dash"
+    assert figure.layout.yaxis.type == "linear"  # rates within 10x of each other
 
 
 def test_the_projection_is_the_runs_own_what_if_when_the_costs_agree(pair):
