@@ -12,6 +12,7 @@ STAGE_COLOURS = dict(zip(OWNERS, (
     "#bab0ac",  # other
 ), strict=True))
 STEP_COLOUR = "#72b7b2"
+PREFILL_COLOUR = "#eeca3b"
 UNATTRIBUTED_COLOUR = "#606060"  # GPU ops launched outside every stage range
 BUILDER_COLOURS = {"CPU heapq": "#4c78a8", "GPU builder": "#e45756"}
 OTHER_BUILDER_COLOUR = "#7f7f7f"

@@ -13,11 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import polars as pl
+
 from ddprof.analysis import breakdown
 from ddprof.attribution import Attribution, attribute
 from ddprof.errors import DdprofError
-from ddprof.load import load
+from ddprof.load import Trace, load
 from ddprof.stage_map import StageMap
+from engine.stages import DOMAIN, PREFILL
 
 BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 UNKNOWN = "unknown"
@@ -35,6 +38,7 @@ class Run:
     meta: dict | None
     attribution: Attribution
     summary: dict
+    prefills: pl.DataFrame  # the engine's prefill ranges (pid, tid, start, end): where time between steps goes
     label: str = ""
 
     def setting(self, key: str):
@@ -94,10 +98,19 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
     for path in map(Path, paths):
         advance(f"loading {path.name}")
         meta = read_metadata(path)
-        attribution = attribute(load(path), stage_map, drop_incomplete=drop_incomplete)
+        trace = load(path)
+        attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
         advance(f"breaking down {path.name}")
-        runs.append(Run(path, meta, attribution, breakdown(attribution, stage_map)))
+        runs.append(Run(path, meta, attribution, breakdown(attribution, stage_map), prefills(trace, stage_map)))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
+
+
+def prefills(trace: Trace, stage_map: StageMap | None) -> pl.DataFrame:
+    """The engine's `prefill` ranges; none for another engine's trace (a --stage-map names no prefill)."""
+    ranges = trace.ranges.select("pid", "tid", "start", "end")
+    if stage_map is not None and stage_map.domain != DOMAIN:
+        return ranges.clear()
+    return trace.ranges.filter((pl.col("domain") == DOMAIN) & (pl.col("name") == PREFILL)).select(ranges.columns)
 
 
 def labelled(runs: Sequence[Run]) -> list[Run]:

@@ -1,6 +1,7 @@
 """Step timeline: a few consecutive steps as a Gantt chart, so a reader sees where the GPU idles.
 
-Host lanes: the steps and each stage's ranges on the decoding thread. GPU lane: every kernel,
+Host lanes: the steps, the prefills between them (admitting new requests) and each stage's
+ranges on the decoding thread. GPU lane: every kernel,
 memcpy and memset of that process running in the window, coloured by the stage that launched it
 (ddprof.attribution's `stage`). One run at a time; a menu switches runs.
 """
@@ -14,26 +15,26 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
-from ddprof.attribution import Attribution
-from ddprof.dashboards.palette import STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
+from ddprof.dashboards.palette import PREFILL_COLOUR, STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
 from ddprof.dashboards.runs import Run
 from ddprof.intervals import union
-from engine.stages import STAGES, STEP
+from engine.stages import PREFILL, STAGES, STEP
 
 GPU_LANE = "GPU"
-LANES = (STEP, *STAGES, GPU_LANE)  # top to bottom
+LANES = (STEP, PREFILL, *STAGES, GPU_LANE)  # top to bottom
 UNATTRIBUTED = "unattributed"
 DEFAULT_WINDOW_STEPS = 6
 
 
 @dataclass(frozen=True)
 class Window:
-    """Consecutive steps of one thread: the steps, stage ranges and GPU ops in them, times in ns."""
+    """Consecutive steps of one thread: the steps, stage ranges, prefills and GPU ops in them, times in ns."""
 
     start: int
     end: int
     steps: pl.DataFrame
     stage_ranges: pl.DataFrame
+    prefills: pl.DataFrame
     gpu_ops: pl.DataFrame
 
     @property
@@ -44,8 +45,9 @@ class Window:
         return float((ends - starts).sum()) / (self.end - self.start) if self.end > self.start else 0.0
 
 
-def window(attribution: Attribution, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
+def window(run: Run, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
     """`steps` consecutive steps from the middle of the run, on the thread that ran the most steps."""
+    attribution = run.attribution
     counts = attribution.steps.group_by("pid", "tid").len().sort("len", "pid", "tid", descending=[True, False, False])
     pid, tid = counts.row(0)[:2]
     mine = attribution.steps.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("start")
@@ -54,7 +56,9 @@ def window(attribution: Attribution, steps: int = DEFAULT_WINDOW_STEPS) -> Windo
     start, end = int(chosen["start"].min()), int(chosen["end"].max())
     ranges = attribution.stage_ranges.filter(pl.col("step_id").is_in(chosen["step_id"].to_list())).sort("start")
     ops = attribution.gpu_ops.filter((pl.col("pid") == pid) & (pl.col("end") > start) & (pl.col("start") < end))
-    return Window(start, end, chosen, ranges, ops.sort("start"))
+    prefills = run.prefills.filter((pl.col("pid") == pid) & (pl.col("tid") == tid) & (pl.col("end") > start)
+                                   & (pl.col("start") < end))
+    return Window(start, end, chosen, ranges, prefills.sort("start"), ops.sort("start"))
 
 
 def _bars(lane: list[str], start: np.ndarray, end: np.ndarray, origin: int, name: str, colour: str,
@@ -71,6 +75,12 @@ def _run_traces(run: Run, shown: Window, visible: bool) -> list[go.Bar | go.Scat
                     STEP_COLOUR, [f"step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
                                   f"{row['tokens']} tokens" for row in steps.iter_rows(named=True)],
                     visible, True)]
+    if shown.prefills.height:
+        prefills = shown.prefills
+        traces.append(_bars([PREFILL] * prefills.height, prefills["start"].to_numpy(), prefills["end"].to_numpy(),
+                            origin, PREFILL, PREFILL_COLOUR,
+                            [f"prefill: {(e - s) / 1e6:.3f} ms" for s, e in prefills.select("start", "end").iter_rows()],
+                            visible, True))
     ops = shown.gpu_ops.with_columns(pl.col("stage").fill_null(UNATTRIBUTED))
     for stage in (*STAGES, UNATTRIBUTED):
         host = shown.stage_ranges.filter(pl.col("stage") == stage)
@@ -103,7 +113,7 @@ def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> g
     figure = go.Figure()
     per_run, captions = [], []
     for index, run in enumerate(runs):
-        shown = window(run.attribution, steps)
+        shown = window(run, steps)
         traces = _run_traces(run, shown, visible=index == 0)
         figure.add_traces(traces)
         per_run.append(len(traces))

@@ -110,7 +110,7 @@ def test_the_projection_is_the_runs_own_what_if_when_the_costs_agree(pair):
 
 def test_timeline_lanes_hold_the_stage_ranges_and_the_gpu_lane_the_kernels(pair):
     gpu_run = next(run for run in pair if run.builder == "GPU builder")
-    shown = window(gpu_run.attribution, steps=STEPS)
+    shown = window(gpu_run, steps=STEPS)
     assert shown.start == 0 and shown.end == STEPS * STEP
     assert shown.gpu_busy_share == pytest.approx((KERNEL[1] - KERNEL[0]) / STEP)
     figure = timeline_figure([gpu_run], steps=STEPS)
@@ -125,10 +125,20 @@ def test_timeline_lanes_hold_the_stage_ranges_and_the_gpu_lane_the_kernels(pair)
     assert "GPU busy 25% of the window" in figure.layout.title.text
 
 
+def test_prefills_get_their_own_lane(tmp_path):
+    trace = known_runs.export("cpu")
+    trace.range("prefill", 990 * U, 1000 * U)  # admitting a request in step 0's last 10 U
+    run = load_runs([trace.write(tmp_path / "prefill.sqlite")])[0]
+    assert run.prefills.height == 1
+    prefill = next(trace for trace in timeline_figure([run], steps=STEPS).data if trace.name == "prefill")
+    assert list(prefill.y) == ["prefill"]
+    assert list(prefill.base) == pytest.approx([990 * U / 1e6]) and list(prefill.x) == pytest.approx([10 * U / 1e6])
+
+
 def test_timeline_window_is_consecutive_steps_from_the_middle(pair):
-    shown = window(pair[0].attribution, steps=1)
+    shown = window(pair[0], steps=1)
     assert shown.steps["step_id"].to_list() == [0] and shown.stage_ranges.height == len(STAGES)
-    assert window(pair[0].attribution, steps=50).steps.height == STEPS
+    assert window(pair[0], steps=50).steps.height == STEPS
 
 
 def test_timeline_menu_switches_runs(pair):
