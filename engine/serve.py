@@ -19,6 +19,7 @@ import platform
 import time
 from pathlib import Path
 
+from engine import corpus
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
 from engine.scheduler import serve
@@ -31,6 +32,7 @@ DEFAULT_BUDGET = 8
 DEFAULT_REQUESTS = 128
 DEFAULT_MAX_NEW_TOKENS = 64
 WEIGHT_SEED = 0  # target weights; the drafter uses WEIGHT_SEED + 1
+PROMPT_SPLIT = "held-out"  # prompts from modules the tokenizer and models never trained on
 
 
 def register(subcommands) -> None:
@@ -71,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     tree_builder(args.builder, torch.device(device))  # an unknown or unavailable builder fails here, before any work
     tokenizer = load_tokenizer()
-    requests = generate(args.workload, args.requests, args.seed, tokenizer, max_new_tokens=args.max_new_tokens)
+    requests = generate(args.workload, args.requests, args.seed, tokenizer, max_new_tokens=args.max_new_tokens,
+                        files=corpus.files(PROMPT_SPLIT))
     max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + args.budget
     limit = config.model.max_position_embeddings - config.drafter.block_size
     if max_len > limit:
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(args.summary, {
             "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
             "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
-            "requests": len(requests), "max_new_tokens": args.max_new_tokens,
+            "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
             "weights": f"random (seed {WEIGHT_SEED})",
             "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
             "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,

@@ -2,10 +2,11 @@
 
 Prompts are real text every machine has offline: the Python standard library that ships with the
 running interpreter (docstrings for prose, source for code), tokenised by the engine's tokenizer.
-The same (workload, seed, count, cap, Python version, tokenizer) always yields the same requests.
+The same (workload, seed, count, cap, source files, Python version, tokenizer) always yields the
+same requests.
 
-Lengths are in tokens (a prompt's count includes its leading BOS), drawn per request from a log-normal distribution (median, sigma) clipped
-to [lo, hi]; sigma 0 means constant. A request's answer length is its `max_new_tokens` (it may stop
+Lengths are in tokens (a prompt's count includes its leading BOS), drawn per request from a
+log-normal distribution (median, sigma) clipped to [lo, hi]; sigma 0 means constant. A request's answer length is its `max_new_tokens` (it may stop
 earlier at EOS). `--max-new-tokens M` rescales answer lengths by M / hi, so the longest possible
 answer is M and a short (CPU-sized) run keeps the workload's mix of short and long answers; for
 `fixed` M is the answer length.
@@ -25,6 +26,7 @@ import functools
 import math
 import random
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -73,9 +75,16 @@ WORKLOADS = {w.name: w for w in (
 )}
 
 
-def generate(name: str, count: int, seed: int, tokenizer: Encoder,
-             max_new_tokens: int | None = None) -> list[Request]:
-    """`count` requests of workload `name`, ids 0..count-1, reproducible from `seed`."""
+def generate(name: str, count: int, seed: int, tokenizer: Encoder, max_new_tokens: int | None = None,
+             files: Sequence[Path] | None = None) -> list[Request]:
+    """`count` requests of workload `name`, ids 0..count-1, reproducible from `seed`.
+
+    Prompts come from `files` (default: every stdlib module; `serve` passes the corpus's held-out
+    modules, so the trained models are never served their own training text).
+    """
+    files = tuple(files) if files is not None else stdlib_files()
+    if not files:
+        raise EngineError("no prompt source files")
     if name not in WORKLOADS:
         raise EngineError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
     workload = WORKLOADS[name]
@@ -86,14 +95,13 @@ def generate(name: str, count: int, seed: int, tokenizer: Encoder,
         answer_len = workload.answer.draw(rng)
         if max_new_tokens is not None:  # rescale, so a short run keeps the workload's mix of lengths
             answer_len = max(1, round(answer_len * max_new_tokens / workload.answer.hi))
-        prompt = [tokenizer.bos_id] + _passage(rng, workload.text, prompt_len - 1, tokenizer)
+        prompt = [tokenizer.bos_id] + _passage(rng, files, workload.text, prompt_len - 1, tokenizer)
         requests.append(Request(request_id, prompt, answer_len))
     return requests
 
 
-def _passage(rng: random.Random, kind: str, n_tokens: int, tokenizer: Encoder) -> list[int]:
-    """`n_tokens` tokens of stdlib text, from a random paragraph (blank-line boundary) of a random module."""
-    files = stdlib_files()
+def _passage(rng: random.Random, files: Sequence[Path], kind: str, n_tokens: int, tokenizer: Encoder) -> list[int]:
+    """`n_tokens` tokens of text, from a random paragraph (blank-line boundary) of a random module."""
     index = rng.randrange(len(files))
     paragraphs = _text_of(files[index], kind).split("\n\n")
     start = rng.randrange(len(paragraphs))

@@ -1,6 +1,7 @@
 """Continuous batching: batch-independent tokens, admission control, requests that end at prefill."""
 
 import pytest
+import torch
 
 from engine.engine import Engine
 from engine.errors import EngineError
@@ -22,6 +23,15 @@ def chat_requests(count):
 def make_engine(tiny, n_slots):
     target, drafter = tiny
     return Engine(target, drafter, budget=BUDGET, n_slots=n_slots, max_len=MAX_LEN, nvtx=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """As `serve` runs on the CPU: one torch thread (more stall on the shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class Recording:
