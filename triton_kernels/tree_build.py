@@ -30,9 +30,15 @@ MAX_BUDGET = 64  # ancestor sets are one int64 bit set per node
 
 
 @triton.jit
+def _first(s1, a1, b1, s2, a2, b2):
+    """Heap order: does entry 1 pop before entry 2? Higher score, then smaller rank path."""
+    return (s1 > s2) | ((s1 == s2) & ((a1 < a2) | ((a1 == a2) & (b1 < b2))))
+
+
+@triton.jit
 def _better(s1, a1, b1, m1, an1, s2, a2, b2, m2, an2):
-    """Heap order: higher score first; equal scores pop in ascending rank-path order."""
-    first = (s1 > s2) | ((s1 == s2) & ((a1 < a2) | ((a1 == a2) & (b1 < b2))))
+    """The entry that pops first, with its payload (a reduction combiner)."""
+    first = _first(s1, a1, b1, s2, a2, b2)
     return (tl.where(first, s1, s2), tl.where(first, a1, a2), tl.where(first, b1, b2),
             tl.where(first, m1, m2), tl.where(first, an1, an2))
 
@@ -72,8 +78,14 @@ def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
     out_parent = tl.zeros([LANES], tl.int32)
     out_anc = tl.zeros([LANES], tl.int64)
     free_slot = 1
+    # w: the entry to pop now; r: the best of all other entries (the runner-up). Most pops take
+    # the popped node's sibling or child; those beat the runner-up with two scalar comparisons,
+    # and only when the runner-up wins does the warp reduce over the lanes again.
+    w_score, w_key0, w_key1, w_meta, w_anc = root_self.to(tl.float64), tl.zeros([], tl.int64), \
+        tl.full([], 1, tl.int64), tl.full([], 1 << 16, tl.int32), tl.zeros([], tl.int64)
+    r_score, r_key0, r_key1, r_meta, r_anc = tl.full([], neg_inf, tl.float64), tl.full([], empty_key, tl.int64), \
+        tl.full([], empty_key, tl.int64), tl.zeros([], tl.int32), tl.zeros([], tl.int64)
     for n in range(BUDGET):
-        w_score, w_key0, w_key1, w_meta, w_anc = tl.reduce((score, key0, key1, meta, anc), 0, _better)
         slot = w_meta & 255
         rank = (w_meta >> 8) & 255
         depth = (w_meta >> 16) & 255
@@ -92,27 +104,48 @@ def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
         l_sib = tl.load(at + 1, mask=has_sib, other=0.0).to(tl.float32).to(tl.float64)
         l_child = tl.load(lq + depth * K, mask=has_child, other=0.0).to(tl.float32).to(tl.float64)
         # Next sibling (depth, rank + 1): same parent, same ancestors; one unit more at digit `depth`.
-        s_score = (w_score - l_self) + l_sib
+        s_score = tl.where(has_sib, (w_score - l_self) + l_sib, neg_inf)
         digit = depth - 1
         in_key0 = digit < M0
         shift0 = tl.maximum((M0 - 1 - digit) * NB, 0).to(tl.int64)
         shift1 = tl.maximum((L - 1 - digit) * NB + DB, 0).to(tl.int64)
-        s_key0 = w_key0 + tl.where(in_key0, one << shift0, 0)
-        s_key1 = w_key1 + tl.where(in_key0, 0, one << shift1)
+        s_key0 = tl.where(has_sib, w_key0 + tl.where(in_key0, one << shift0, 0), empty_key)
+        s_key1 = tl.where(has_sib, w_key1 + tl.where(in_key0, 0, one << shift1), empty_key)
         s_meta = w_meta + (1 << 8)
         # First child (depth + 1, rank 0): parent is node n, which joins the ancestor set.
-        c_score = w_score + l_child
+        c_score = tl.where(has_child, w_score + l_child, neg_inf)
+        c_key0 = tl.where(has_child, w_key0, empty_key)
+        c_key1 = tl.where(has_child, w_key1 + 1, empty_key)
         c_meta = ((n + 1) << 24) | ((depth + 1) << 16) | free_slot
 
         at_sib = lane == slot
         at_child = (lane == free_slot) & has_child
-        sib_ok = at_sib & has_sib
-        score = tl.where(at_child, c_score, tl.where(sib_ok, s_score, tl.where(at_sib, neg_inf, score)))
-        key0 = tl.where(at_child, w_key0, tl.where(sib_ok, s_key0, tl.where(at_sib, empty_key, key0)))
-        key1 = tl.where(at_child, w_key1 + 1, tl.where(sib_ok, s_key1, tl.where(at_sib, empty_key, key1)))
-        meta = tl.where(at_child, c_meta, tl.where(sib_ok, s_meta, meta))
+        score = tl.where(at_child, c_score, tl.where(at_sib, s_score, score))
+        key0 = tl.where(at_child, c_key0, tl.where(at_sib, s_key0, key0))
+        key1 = tl.where(at_child, c_key1, tl.where(at_sib, s_key1, key1))
+        meta = tl.where(at_child, c_meta, tl.where(at_sib, s_meta, meta))
         anc = tl.where(at_child, node_anc, anc)
         free_slot += has_child.to(tl.int32)
+
+        # n: the better of the two new entries, o: the other one.
+        sib_first = _first(s_score, s_key0, s_key1, c_score, c_key0, c_key1)
+        n_score, n_key0, n_key1, n_meta, n_anc = _better(s_score, s_key0, s_key1, s_meta, w_anc,
+                                                         c_score, c_key0, c_key1, c_meta, node_anc)
+        o_score = tl.where(sib_first, c_score, s_score)
+        o_key0 = tl.where(sib_first, c_key0, s_key0)
+        o_key1 = tl.where(sib_first, c_key1, s_key1)
+        o_meta = tl.where(sib_first, c_meta, s_meta)
+        o_anc = tl.where(sib_first, node_anc, w_anc)
+        if _first(n_score, n_key0, n_key1, r_score, r_key0, r_key1):
+            w_score, w_key0, w_key1, w_meta, w_anc = n_score, n_key0, n_key1, n_meta, n_anc
+            r_score, r_key0, r_key1, r_meta, r_anc = _better(o_score, o_key0, o_key1, o_meta, o_anc,
+                                                             r_score, r_key0, r_key1, r_meta, r_anc)
+        else:
+            w_score, w_key0, w_key1, w_meta, w_anc = r_score, r_key0, r_key1, r_meta, r_anc
+            others = lane != (r_meta & 255)
+            r_score, r_key0, r_key1, r_meta, r_anc = tl.reduce(
+                (tl.where(others, score, neg_inf), tl.where(others, key0, empty_key),
+                 tl.where(others, key1, empty_key), meta, anc), 0, _better)
 
     valid = lane < BUDGET
     tokens = tl.load(ids + (out_depth - 1) * K + out_rank, mask=valid, other=0)

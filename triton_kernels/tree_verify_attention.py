@@ -10,7 +10,9 @@ Like the reference, a query visits its visible rows in *position order* in fixed
 `BLOCK_N` keys: the prefix rows 0..P-1, then its visible tree-block rows (its ancestors and
 itself) gathered into consecutive virtual positions. A node's output therefore depends only on
 the rows it sees and where they would sit in plain decoding, not on the shape of its tree or on
-the batch: verify and plain decode of the same path take the same path through the kernel.
+the batch: verify and plain decode of the same path do the same arithmetic. Kernels are compiled
+without multiply-add contraction so that arithmetic cannot differ between compilations either
+(e.g. for T = 1 and T = 1 + budget).
 
 Long prefixes: the key range of every query is cut into `num_splits` equal parts (rounded to
 whole chunks), each a program; a second kernel merges the partial softmax states in split order.
@@ -34,23 +36,13 @@ BLOCK_H_COMBINE = 16
 
 @triton.jit
 def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale,
-                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
-    """One chunk of online softmax (base 2) for all heads of one query.
-
-    MASKED=False is for chunks known to be all visible: the same arithmetic minus the no-op masks
-    (fewer registers), so both variants give the same bits on such a chunk.
-    """
-    if MASKED:
-        k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
-        k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
-    else:
-        k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :])
-        k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :])
+                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk of online softmax (base 2) for all heads of one query."""
+    k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
+    k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
     s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
     s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
-    s = s * qk_scale
-    if MASKED:
-        s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -97,7 +89,7 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
     for start in range(lo, tl.minimum(hi, tail_start), BLOCK_N):
         pos = start + offs
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + pos.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION, False)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
     for start in range(tl.maximum(lo, tail_start), hi, BLOCK_N):
         pos = start + offs
         # Virtual position prefix + k holds the (k+1)-th visible block column: gather its row.
@@ -110,7 +102,7 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
             col = tl.where((is_visible != 0) & (nth == seen), j, col)
         rows = tl.where(pos < prefix, pos, prefix + col)
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + rows.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION, True)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
 
     dv = tl.arange(0, DV)
     if NUM_SPLITS == 1:
@@ -206,8 +198,9 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
         out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
         T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
         T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
     if splits > 1:
         _combine_splits_kernel[(bs * T, triton.cdiv(H, BLOCK_H_COMBINE))](
-            ws_acc, ws_m, ws_l, out, H=H, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4)
+            ws_acc, ws_m, ws_l, out, H=H, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
+            enable_fp_fusion=False)
     return out
