@@ -218,8 +218,8 @@ def sweep(
     budget: str = typer.Option(None, help="Comma-separated DDTree node budgets (default: 8 on a CPU; 8,32 on a GPU)."),
     workload: str = typer.Option("chat", help="Workload generator: chat, code, long-context or fixed."),
     model: str = typer.Option(None, help="Model preset (default: tiny on a CPU, small on a GPU)."),
-    requests: int = typer.Option(None, help="Requests per capture (default: 6 on a CPU, 64 on a GPU)."),
-    max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 8 on a CPU, 64 on a GPU)."),
+    requests: int = typer.Option(None, help="Requests per capture (default: 8 on a CPU, 64 on a GPU)."),
+    max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 16 on a CPU, 64 on a GPU)."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
     out_dir: Path = typer.Option(Path("traces/sweep"), help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", help="Dashboard to write (default: "

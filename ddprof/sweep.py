@@ -62,8 +62,8 @@ class Grid:
 
 
 # Machine-sized defaults: CPU runs the GPU builder interpreted, so its grid stays small.
-CPU_DEFAULTS = dict(concurrency=(1, 2, 4), builders=("cpu", "gpu"), budgets=(8,), model="tiny", requests=6,
-                    max_new_tokens=8)
+CPU_DEFAULTS = dict(concurrency=(1, 2, 4), builders=("cpu", "gpu"), budgets=(8,), model="tiny", requests=8,
+                    max_new_tokens=16)
 GPU_DEFAULTS = dict(concurrency=(1, 8, 32), builders=("cpu", "gpu"), budgets=(8, 32), model="small", requests=64,
                     max_new_tokens=64)
 
