@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
-from engine import generate, serve
+from engine import generate, serve, tokenizer, train_drafter, train_target
 from engine.errors import EngineError
 
-SUBCOMMANDS = [generate, serve]  # modules with register(subparsers); each sets `run` as its default
+# Modules with register(subparsers); each sets `run` as its default.
+SUBCOMMANDS = [generate, serve, tokenizer, train_target, train_drafter]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in SUBCOMMANDS:
         module.register(subcommands)
     args = parser.parse_args(argv)
+    args.command_line = "python -m engine " + shlex.join(sys.argv[1:] if argv is None else argv)  # for run records
     try:
         return args.run(args)
     except EngineError as error:

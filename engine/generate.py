@@ -20,12 +20,18 @@ from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult
 from engine.model import TargetModel, build_target
 from engine.tokenizer import load_tokenizer
+from engine.trained import has_pair, load_drafter, load_target
 from engine.weights import from_pretrained
 
 
 def load_models(model: str, *, seed: int, device: str, weights: str | None = None,
-                drafter_path: str | None = None) -> tuple[TargetModel, Drafter]:
-    """The target (a preset with seeded random weights, or a checkpoint) and its drafter."""
+                drafter_path: str | None = None, random_weights: bool = False) -> tuple[TargetModel, Drafter]:
+    """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter.
+    A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
+    if not weights and not random_weights and has_pair(model):
+        target = load_target(model, device=device)
+        return target, (Drafter.load(drafter_path, device=device, dtype=target.dtype) if drafter_path
+                        else load_drafter(model, target))
     if weights:
         target = from_pretrained(weights, device=device)
         drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
@@ -58,8 +64,11 @@ def register(subcommands) -> None:
     parser.add_argument("--model", default="small", choices=list(PRESETS),
                         help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()) + " (default small)")
     parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset")
-    parser.add_argument("--drafter", help="drafter safetensors file (default: seeded random weights)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--drafter", help="drafter safetensors file (default: the preset's trained drafter)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="seeded random weights instead of the preset's trained ones (engine/assets/)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random weights (with --random-weights, or a preset without trained ones)")
     parser.add_argument("--mode", default="ddtree", choices=["ddtree", "ar"])
     parser.add_argument("--builder", default="cpu", choices=["cpu", "gpu"], help="DDTree tree builder")
     parser.add_argument("--budget", type=int, default=8, help="draft tree nodes per step")
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer()
     texts = args.prompt or ["The quick brown fox"]
     target, drafter = load_models(args.model, seed=args.seed, device=args.device, weights=args.weights,
-                                  drafter_path=args.drafter)
+                                  drafter_path=args.drafter, random_weights=args.random_weights)
     prompts = [[tokenizer.bos_id] + tokenizer.encode(t) for t in texts]
     results = generate(target, drafter, prompts, mode=args.mode, builder=args.builder, budget=args.budget,
                        max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else tokenizer.eos_id,

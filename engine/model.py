@@ -10,6 +10,7 @@ names follow the DeepSeek-V3 / Kimi-K2 checkpoints (`model.layers.N.self_attn.q_
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,20 @@ from engine.attention import tree_attention
 from engine.config import ModelConfig
 
 # --- Numerics that do not depend on batch composition -------------------------------------------
+
+_row_exact = True  # False only inside `plain_matmuls()`
+
+
+@contextmanager
+def plain_matmuls():
+    """Plain GEMMs on the CPU too, for training: several times faster, but a row's result then
+    depends on how many rows share the call, so never decode inside this block."""
+    global _row_exact
+    before, _row_exact = _row_exact, False
+    try:
+        yield
+    finally:
+        _row_exact = before
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -30,7 +45,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     decoded alone, in a batch, or inside a verified tree, which makes greedy DDTree exactly
     lossless against autoregressive decoding. On the GPU: one plain GEMM.
     """
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or not _row_exact:
         return F.linear(x, weight)
     rows = x.reshape(-1, 1, x.shape[-1]).contiguous()
     out = torch.bmm(rows, weight.t().expand(rows.shape[0], -1, -1))
@@ -39,7 +54,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., H, a] times each head's own matrix weight [H, b, a] -> [..., H, b]."""
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or not _row_exact:
         return torch.einsum("...ha,hba->...hb", x, weight)
     return torch.stack([linear(x[..., h, :], weight[h]) for h in range(weight.shape[0])], dim=-2)
 
@@ -182,21 +197,34 @@ class MLA(nn.Module):
 
         Writes the n latent rows to kv [n_slots, max_len, D] at those positions of `slot`.
         """
-        c = self.config
         rows = self.latent_rows(x, positions)
         kv[slot, positions] = rows.to(kv.dtype)
+        q, k, v = self._decompress(x, positions, rows)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * self.softmax_scale
+        n = x.shape[0]
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        out = torch.einsum("hqk,khd->qhd", probs, v).to(x.dtype)
+        return linear(out.flatten(-2), self.o_proj.weight)
+
+    def causal(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Causal attention over sequences x [bs, n, hidden] without a cache, for training: the
+        decompressed form through PyTorch's fused attention (fast forward and backward)."""
+        q, k, v = (t.transpose(1, 2) for t in self._decompress(x, positions, self.latent_rows(x, positions)))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        return linear(out.transpose(1, 2).to(x.dtype).flatten(-2), self.o_proj.weight)
+
+    def _decompress(self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head queries, keys and values [..., n, H, d] in float32 from x and its cache rows."""
+        c = self.config
         latent, k_rope = rows.split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         k_nope, v = linear(latent, self.kv_b_proj.weight).unflatten(-1, (c.num_attention_heads, -1)).split(
             [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         q_nope, q_rope = self.queries(x, positions)
         q = torch.cat([q_nope, q_rope], dim=-1).float()
         k = torch.cat([k_nope, k_rope.unsqueeze(-2).expand_as(q_rope)], dim=-1).float()
-        scores = torch.einsum("qhd,khd->hqk", q, k) * self.softmax_scale
-        n = x.shape[0]
-        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        out = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)
-        return linear(out.flatten(-2), self.o_proj.weight)
+        return q, k, v.float()
 
     def absorbed(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                  prefix_lens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
@@ -364,6 +392,17 @@ class TargetModel(nn.Module):
             self.embed(tokens),
             lambda i, attn, h: attn.absorbed(h, positions, kv[i], slots, prefix_lens, tree_mask),
             feature_layers)
+        return self.logits(x), features
+
+    def forward_causal(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Whole sequences tokens [bs, n] from position 0, no cache (training and distillation).
+
+        Returns logits [bs, n, vocab] float32 and features [bs, n, hidden * len(feature_layers)].
+        """
+        positions = torch.arange(tokens.shape[-1], device=tokens.device).expand_as(tokens)
+        x, features = self._run_layers(self.embed(tokens), lambda i, attn, h: attn.causal(h, positions),
+                                       feature_layers)
         return self.logits(x), features
 
     def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slot: int, feature_layers: tuple[int, ...] = ()

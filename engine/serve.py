@@ -19,7 +19,7 @@ import platform
 import time
 from pathlib import Path
 
-from engine import corpus
+from engine import corpus, trained
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
 from engine.scheduler import serve
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
             "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
             "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
-            "weights": f"random (seed {WEIGHT_SEED})",
+            "weights": trained.describe(args.model, seed=WEIGHT_SEED),
             "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
             "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
             "generated_tokens": result.generated_tokens, "steps": result.steps,

@@ -1,0 +1,95 @@
+"""Training: a few seeded steps on `tiny` lower the loss, distillation data is the target's own greedy
+output, and the CLI writes loadable checkpoints with the exact command beside them."""
+
+import json
+
+import pytest
+import torch
+
+from engine import corpus
+from engine.__main__ import main
+from engine.config import preset
+from engine.drafter import Drafter
+from engine.model import MoE, build_target, plain_matmuls
+from engine.tokenizer import load_tokenizer
+from engine.train_drafter import Recipe as DrafterRecipe
+from engine.train_drafter import make_distillation, train_drafter
+from engine.train_target import Recipe as TargetRecipe
+from engine.train_target import train_target
+from engine.trained import load_target
+
+TOKENIZER = load_tokenizer()
+TINY = preset("tiny")
+
+
+def test_target_loss_decreases_and_routers_rebalance():
+    model, losses = train_target(TINY.model, TOKENIZER, TargetRecipe(steps=25, batch_size=4, seq_len=64),
+                                 lr=3e-3, seed=0)
+    assert len(losses) == 25 and sum(losses[-5:]) / 5 < losses[0] - 0.5
+    biases = [layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)]
+    assert biases and all(b.abs().sum() > 0 for b in biases)  # the load-balancing bias moved from zero
+    _, same = train_target(TINY.model, TOKENIZER, TargetRecipe(steps=2, batch_size=4, seq_len=64), lr=3e-3, seed=0)
+    assert same == losses[:2]  # seeded: the same run gives the same losses
+
+
+@pytest.fixture(scope="module")
+def distillation():
+    # The committed target: a random one's lm_head is too flat for a few steps to show learning.
+    target = load_target("tiny")
+    recipe = DrafterRecipe(steps=20, prompts=6, min_prompt=8, max_prompt=24, continuation=20, sequences=3,
+                           anchors=8)
+    data = make_distillation(target, TINY.drafter.target_layer_ids, TOKENIZER, "train", recipe.prompts, recipe,
+                             torch.Generator().manual_seed(0))
+    return target, recipe, data
+
+
+def test_distillation_labels_are_the_targets_greedy_continuation(distillation):
+    target, recipe, data = distillation
+    assert data.teacher_agreement > 0.99  # the causal forward's argmax reproduces the engine's greedy tokens
+    for i in range(len(data.tokens)):
+        p, n = int(data.prompt_lens[i]), int(data.lengths[i])
+        assert n - p == recipe.continuation and data.tokens[i, 0] == TOKENIZER.bos_id
+        assert bool((data.tokens[i, n:] == TOKENIZER.pad_id).all())
+    with torch.no_grad(), plain_matmuls():  # features are the target's hidden states at the drafter's layers
+        _, features = target.forward_causal(data.tokens[:1], TINY.drafter.target_layer_ids)
+    assert torch.allclose(features.to(torch.bfloat16).float(), data.features[:1].float())
+
+
+def test_drafter_loss_decreases(distillation):
+    target, recipe, data = distillation
+    drafter, losses = train_drafter(target, "tiny", data, recipe, lr=3e-3, seed=0)
+    assert len(losses) == 20 and sum(losses[-5:]) / 5 < losses[0] - 2
+    assert not any(p.requires_grad for p in target.parameters())  # the target stays frozen
+
+
+def test_cli_writes_checkpoints_and_the_exact_command(tmp_path):
+    assert main(["train-target", "--model", "tiny", "--steps", "2", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "train-target.json").read_text())
+    assert record["command"] == f"python -m engine train-target --model tiny --steps 2 --out {tmp_path}"
+    assert record["seed"] == 0 and record["corpus"]["split"] == "train" and record["steps"] == 2
+    assert set(record["corpus"]["held_out_files"]) == {p.name for p in corpus.files("held-out")}
+    load_target("tiny", directory=tmp_path / "target")  # checks the stored config is the preset's
+    assert main(["train-drafter", "--model", "tiny", "--steps", "2", "--prompts", "2", "--held-out-prompts", "2",
+                 "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "train-drafter.json").read_text())
+    assert record["command"].startswith("python -m engine train-drafter --model tiny")
+    assert len(record["held_out"]["per_depth_top1"]) == TINY.drafter.depth
+    drafter = Drafter.load(str(tmp_path / "drafter.safetensors"))
+    assert drafter.config == TINY.drafter
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    assert main(["train-target", "--model", "tiny", "--steps", "0"]) == 2
+    assert capsys.readouterr().err == "error: --steps must be at least 1 (got 0)\n"
+
+
+def test_training_forward_is_the_engines_model():
+    """forward_causal (fused attention, plain GEMMs) computes what prefill computes for the engine."""
+    target = build_target(TINY.model, seed=3)
+    tokens = torch.randint(0, TINY.model.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    kv = torch.zeros(TINY.model.num_hidden_layers, 1, 64, TINY.model.latent_dim)
+    with torch.no_grad():
+        last, _ = target.prefill(tokens[1], kv, 0)
+        with plain_matmuls():
+            logits, _ = target.forward_causal(tokens)
+    assert torch.allclose(logits[1, -1], last, atol=1e-5, rtol=1e-4)
