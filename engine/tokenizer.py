@@ -150,7 +150,8 @@ class Tokenizer:
             data = json.loads(Path(path).read_text())
             return cls([tuple(m) for m in data["merges"]], data["specials"], data.get("provenance"))
         except FileNotFoundError:
-            raise EngineError(f"{path}: tokenizer file not found (python -m engine train-tokenizer writes it)") from None
+            raise EngineError(f"{path}: tokenizer file not found (python -m engine train-tokenizer writes it)"
+                              ) from None
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise EngineError(f"{path}: not a tokenizer file ({type(e).__name__}: {e})") from None
 
