@@ -7,6 +7,7 @@ from engine.engine import Engine
 from engine.errors import EngineError
 from engine.scheduler import Request, serve
 from engine.tokenizer import load_tokenizer
+from engine.trained import load_pair
 from engine.workloads import generate
 
 TOKENIZER = load_tokenizer()
@@ -20,8 +21,8 @@ def chat_requests(count):
             for r in generate("chat", count, seed=11, tokenizer=TOKENIZER)]
 
 
-def make_engine(tiny, n_slots):
-    target, drafter = tiny
+def make_engine(trained_tiny, n_slots):
+    target, drafter = trained_tiny
     return Engine(target, drafter, budget=BUDGET, n_slots=n_slots, max_len=MAX_LEN, nvtx=False)
 
 
@@ -34,11 +35,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def trained_tiny():
+    """The committed trained trained_tiny pair: its drafter is often right, so steps accept whole paths."""
+    return load_pair("tiny")
+
+
 class Recording:
-    """The real engine, plus a record of how many requests each step advanced."""
+    """The real engine, plus a record of how many requests each step advanced and what they accepted."""
 
     def __init__(self, engine):
-        self.engine, self.step_sizes = engine, []
+        self.engine, self.step_sizes, self.accept_lengths = engine, [], []
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -47,26 +54,32 @@ class Recording:
         self.step_sizes.append(self.engine.active)
         return self.engine.step()
 
+    def result(self, request_id):
+        done = self.engine.result(request_id)
+        self.accept_lengths += done.accept_lengths
+        return done
+
 
 @pytest.fixture(scope="module")
-def batch_of_32(tiny):
+def batch_of_32(trained_tiny):
     requests = chat_requests(32)
-    engine = Recording(make_engine(tiny, n_slots=32))
+    engine = Recording(make_engine(trained_tiny, n_slots=32))
     return requests, engine, serve(engine, requests, concurrency=32, eos_id=TOKENIZER.eos_id)
 
 
-def test_a_request_alone_yields_the_tokens_it_yields_inside_a_batch_of_32(tiny, batch_of_32):
+def test_a_request_alone_yields_the_tokens_it_yields_inside_a_batch_of_32(trained_tiny, batch_of_32):
     requests, engine, batched = batch_of_32
     assert max(engine.step_sizes) == 32
+    assert max(engine.accept_lengths) >= 2  # multi-token accepted paths were compacted inside the batch
     for request in requests[::5]:
-        alone = serve(make_engine(tiny, n_slots=1), [request], concurrency=1, eos_id=TOKENIZER.eos_id)
+        alone = serve(make_engine(trained_tiny, n_slots=1), [request], concurrency=1, eos_id=TOKENIZER.eos_id)
         assert alone.tokens[request.request_id] == batched.tokens[request.request_id]
 
 
-def test_continuous_batching_with_joins_and_leaves_yields_the_same_tokens(tiny, batch_of_32):
+def test_continuous_batching_with_joins_and_leaves_yields_the_same_tokens(trained_tiny, batch_of_32):
     requests, _, batched = batch_of_32
     finished = []
-    engine = Recording(make_engine(tiny, n_slots=32))
+    engine = Recording(make_engine(trained_tiny, n_slots=32))
     rolling = serve(engine, requests, concurrency=5, eos_id=TOKENIZER.eos_id,
                     on_finished=lambda request_id, tokens: finished.append(request_id))
     assert rolling.tokens == batched.tokens
@@ -85,25 +98,25 @@ def test_counts_add_up(batch_of_32):
     assert result.step_tokens + result.prefill_tokens == result.generated_tokens
 
 
-def test_a_full_cache_makes_requests_wait_instead_of_failing(tiny, batch_of_32):
+def test_a_full_cache_makes_requests_wait_instead_of_failing(trained_tiny, batch_of_32):
     requests, _, batched = batch_of_32
-    engine = Recording(make_engine(tiny, n_slots=3))  # room for 3, concurrency asks for 32
+    engine = Recording(make_engine(trained_tiny, n_slots=3))  # room for 3, concurrency asks for 32
     result = serve(engine, requests[:10], concurrency=32, eos_id=TOKENIZER.eos_id)
     assert max(engine.step_sizes) == 3
     assert result.tokens == {r.request_id: batched.tokens[r.request_id] for r in requests[:10]}
     assert engine.cache.n_free == 3
 
 
-def test_requests_that_end_at_prefill_leave_without_a_step(tiny):
+def test_requests_that_end_at_prefill_leave_without_a_step(trained_tiny):
     requests = [Request(i, [TOKENIZER.bos_id, 72, 105 + i], max_new_tokens=1) for i in range(4)]
-    engine = Recording(make_engine(tiny, n_slots=2))
+    engine = Recording(make_engine(trained_tiny, n_slots=2))
     result = serve(engine, requests, concurrency=2)
     assert engine.step_sizes == [] and result.steps == 0
     assert [len(result.tokens[i]) for i in range(4)] == [1, 1, 1, 1]
 
 
-def test_a_request_larger_than_the_cache_is_an_error_not_a_hang(tiny):
-    engine = make_engine(tiny, n_slots=2)
+def test_a_request_larger_than_the_cache_is_an_error_not_a_hang(trained_tiny):
+    engine = make_engine(trained_tiny, n_slots=2)
     too_long = Request(0, [TOKENIZER.bos_id] * (MAX_LEN - 5), max_new_tokens=10)
     with pytest.raises(EngineError, match="request 0 .* does not fit in an empty KV cache"):
         serve(engine, [too_long], concurrency=2)
