@@ -21,8 +21,8 @@ def chat_requests(count):
             for r in generate("chat", count, seed=11, tokenizer=TOKENIZER)]
 
 
-def make_engine(trained_tiny, n_slots):
-    target, drafter = trained_tiny
+def make_engine(pair, n_slots):
+    target, drafter = pair
     return Engine(target, drafter, budget=BUDGET, n_slots=n_slots, max_len=MAX_LEN, nvtx=False)
 
 
@@ -37,7 +37,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def trained_tiny():
-    """The committed trained trained_tiny pair: its drafter is often right, so steps accept whole paths."""
+    """The committed trained tiny pair: its drafter is often right, so steps accept whole paths."""
     return load_pair("tiny")
 
 
