@@ -22,7 +22,7 @@ from pathlib import Path
 from engine import corpus, trained
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
-from engine.scheduler import serve
+from engine.scheduler import Request, ServeResult, serve
 from engine.tokenizer import load_tokenizer
 from engine.workloads import WORKLOADS, generate
 
@@ -100,21 +100,29 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
     if args.summary:
-        _write_json(args.summary, {
-            "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
-            "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
-            "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
-            "weights": trained.describe(args.model, seed=WEIGHT_SEED),
-            "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
-            "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
-            "generated_tokens": result.generated_tokens, "steps": result.steps,
-            "target_forwards": result.target_forwards,
-            "wall_s": round(wall_s, 3), "tok_per_s": round(result.generated_tokens / wall_s, 2),
-            "device": _device_name(device), "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
-            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "triton": _triton_version()},
-        })
+        _write_json(args.summary, _summary(args, requests, result, wall_s, device))
     return 0
+
+
+def _summary(args: argparse.Namespace, requests: list[Request], result: ServeResult, wall_s: float,
+             device: str) -> dict:
+    """The run's JSON summary (see the module docstring for how tokens are counted)."""
+    import torch
+
+    return {
+        "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
+        "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
+        "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
+        "weights": trained.describe(args.model, seed=WEIGHT_SEED),
+        "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
+        "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
+        "generated_tokens": result.generated_tokens, "steps": result.steps,
+        "target_forwards": result.target_forwards,
+        "wall_s": round(wall_s, 3), "tok_per_s": round(result.generated_tokens / wall_s, 2),
+        "device": _device_name(device), "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "triton": _triton_version()},
+    }
 
 
 class _Progress:
