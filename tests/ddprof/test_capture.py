@@ -30,7 +30,7 @@ def run(tmp_path_factory):
         env.setenv("PATH", f"{PATH_MARKER}:{os.environ['PATH']}")
         # `--out X.nsys-rep` names the capture X, like `--out X`
         result = capture(CaptureRequest(workload="chat", concurrency=4, out=out_dir / "run.nsys-rep", model="tiny",
-                                        requests=REQUESTS, max_new_tokens=6, seed=3),
+                                        requests=REQUESTS, max_new_tokens=32, seed=3),
                          on_progress=lambda done, total: progress.append((done, total)))
     return out_dir, result, progress
 
@@ -62,7 +62,7 @@ def test_json_holds_the_run_metadata(run):
         model="tiny", workload="chat", concurrency=4, builder="cpu", seed=3, requests=REQUESTS)
     assert meta["budget"] >= 1 and meta["device"].startswith("cpu")
     assert meta["generated_tokens"] == meta["tokens"] + meta["prefill_tokens"]
-    assert meta["prefill_tokens"] == REQUESTS and meta["generated_tokens"] <= REQUESTS * 6
+    assert meta["prefill_tokens"] == REQUESTS and meta["generated_tokens"] <= REQUESTS * 32
     assert meta["wall_s"] > 0 and meta["tok_per_s"] == pytest.approx(meta["generated_tokens"] / meta["wall_s"], rel=0.01)
     assert set(meta["versions"]) >= {"nsys", "torch", "triton", "ddprof"}
     assert meta["versions"]["nsys"].startswith("20")
