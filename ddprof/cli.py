@@ -90,7 +90,7 @@ def capture(
                                                    str(result.json_path)]}))
         return
     table = Table(show_header=False)
-    for key in ("model", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
+    for key in ("model", "weights", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)
