@@ -76,7 +76,7 @@ def throughput_figure(runs: Sequence[Run]) -> go.Figure:
     rates = [y for trace in figure.data for y in trace.y if y]
     wide = bool(rates) and max(rates) >= 10 * min(rates)  # builders an order of magnitude apart: log scale
     figure.update_yaxes(title_text="decode tok/s (tokens / wall time of the steps)", type="log" if wide else "linear",
-                        rangemode="normal" if wide else "tozero")
+                        rangemode="normal" if wide else "tozero", dtick="D2" if wide else None)
     figure.update_layout(title=f"Tok/s vs concurrency, and {CPU} with its {STAGE} at the {GPU}'s cost",
                          height=460, hovermode="closest", legend=dict(orientation="h", y=-0.25))
     if not shown:

@@ -128,7 +128,8 @@ def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> g
         title=f"{title}<br><sub>{captions[0]}</sub>" if captions else title, barmode="overlay", height=520,
         xaxis_title="ms since the window's first step started",
         yaxis=dict(categoryorder="array", categoryarray=list(LANES), autorange="reversed"),
-        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.18, yanchor="top")]
+        updatemenus=[dict(buttons=buttons, direction="down", x=1.0, xanchor="right", y=1.0, yanchor="bottom",
+                          pad=dict(b=8))]
         if len(runs) > 1 else [],
         legend_title_text="stage (host range or GPU op)", margin=dict(t=110))
     return figure
