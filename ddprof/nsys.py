@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,12 +92,31 @@ def _shutdown(nsys: Nsys, session: str) -> None:
     subprocess.run([str(nsys.path), "shutdown", f"--session={session}", "--kill=sigkill"],
                    capture_output=True, timeout=60, check=False)
     marker = f"--session-name={session}".encode()
+    killed = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             if marker in (proc_dir / "cmdline").read_bytes().split(b"\0"):
                 os.kill(int(proc_dir.name), signal.SIGKILL)
+                killed.append(proc_dir / "cmdline")
         except (OSError, ValueError):
             continue
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(cmdline) for cmdline in killed):
+        time.sleep(0.05)
+
+
+def _alive(cmdline: Path) -> bool:
+    """A process exists and is not a zombie (a zombie's cmdline reads empty)."""
+    try:
+        return bool(cmdline.read_bytes())
+    except OSError:
+        return False
+
+
+# nsys's own launch failures (no report, no app output), seen when several captures start at once;
+# a fresh session almost always succeeds, so these are retried. App failures never are.
+_INFRASTRUCTURE_FAILURES = re.compile(r"QuadDCommon|Agent launcher failed|Local Endpoint|agent connection", re.I)
+ATTEMPTS = 3
 
 
 def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: float = 600,
@@ -113,8 +133,22 @@ def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: fl
     if not os.access(out.parent, os.W_OK):
         raise DdprofError(f"{out.parent}: output folder is not writable")
     report = out.with_name(out.name + ".nsys-rep")
-    report.unlink(missing_ok=True)
+    for attempt in range(1, ATTEMPTS + 1):
+        report.unlink(missing_ok=True)
+        returncode, stdout, stderr = _profile_once(nsys, command, out, trace, timeout_s, env)
+        if returncode == 0 or report.is_file() or not _INFRASTRUCTURE_FAILURES.search(stderr):
+            break
+    if returncode != 0:
+        report.unlink(missing_ok=True)
+        raise DdprofError(f"profiled program failed (exit {returncode}): {_last_line(stderr)}")
+    if not report.is_file() or report.stat().st_size == 0:
+        raise DdprofError(f"{report}: nsys wrote no report ({_last_line(stderr or stdout)})")
+    return report
 
+
+def _profile_once(nsys: Nsys, command: list[str], out: Path, trace: str, timeout_s: float,
+                  env: dict[str, str] | None) -> tuple[int, str, str]:
+    """One `nsys profile` run in a private TMPDIR and a unique session, always cleaned up."""
     session = f"ddprof-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmpdir = tempfile.mkdtemp(prefix="ddprof-nsys-")
     run_env = dict(os.environ if env is None else env)
@@ -130,19 +164,13 @@ def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: fl
         _shutdown(nsys, session)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        report.unlink(missing_ok=True)
+        out.with_name(out.name + ".nsys-rep").unlink(missing_ok=True)
         raise DdprofError(f"nsys profile timed out after {timeout_s:.0f} s (session {session} shut down): "
                           f"{' '.join(command)}") from None
     finally:
         _shutdown(nsys, session)
         shutil.rmtree(tmpdir, ignore_errors=True)
-
-    if proc.returncode != 0:
-        report.unlink(missing_ok=True)
-        raise DdprofError(f"profiled program failed (exit {proc.returncode}): {_last_line(stderr)}")
-    if not report.is_file() or report.stat().st_size == 0:
-        raise DdprofError(f"{report}: nsys wrote no report ({_last_line(stderr or stdout)})")
-    return report
+    return proc.returncode, stdout, stderr
 
 
 def export_sqlite(report: Path, sqlite_path: Path | None = None, *, nsys: Nsys | None = None,
