@@ -11,6 +11,11 @@ try:
 except ImportError:  # the nsys toolchain tests need no torch
     HAS_CUDA = False
 
+    # Tests use small tensors: one thread is as fast and keeps parallel test runs from thrashing.
+    torch.set_num_threads(1)
+except ImportError:  # the nsys toolchain tests need no torch
+    HAS_CUDA = False
+
 if not HAS_CUDA:
     # Must be set before triton is imported anywhere: CPU tests run Triton kernels interpreted.
     os.environ.setdefault("TRITON_INTERPRET", "1")
