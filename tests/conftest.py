@@ -8,9 +8,6 @@ try:
     import torch
 
     HAS_CUDA = torch.cuda.is_available()
-except ImportError:  # the nsys toolchain tests need no torch
-    HAS_CUDA = False
-
     # Tests use small tensors: one thread is as fast and keeps parallel test runs from thrashing.
     torch.set_num_threads(1)
 except ImportError:  # the nsys toolchain tests need no torch
