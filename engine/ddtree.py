@@ -159,7 +159,11 @@ class DDTreeDecoder:
                                                          prefix_lens, block_mask(tree), self.feature_layers)
             target_argmax = logits.argmax(-1)
         with self.nvtx.range(ACCEPT):
-            accepted, accept_len, next_bonus = accept_greedy(tree, target_argmax, self.depth)
+            if slots.is_cuda:  # the Triton walk (triton_kernels/tree_accept.py), same outputs
+                from triton_kernels.tree_accept import tree_accept
+                accepted, accept_len, next_bonus = tree_accept(tree, target_argmax, self.depth)
+            else:
+                accepted, accept_len, next_bonus = accept_greedy(tree, target_argmax, self.depth)
         with self.nvtx.range(KV_COMPACT):
             self.cache.compact(slots, prefix_lens, accepted, accept_len)
             # The bonus and the accepted nodes (block rows 0 and 1 + accepted) condition the next draft.

@@ -73,4 +73,8 @@ class LatentKVCache:
 
     def compact(self, slots: torch.Tensor, prefix_lens: torch.Tensor, accepted: torch.Tensor,
                 accept_len: torch.Tensor) -> None:
-        compact_accepted(self.kv, slots, prefix_lens, accepted, accept_len)
+        if self.kv.is_cuda:  # the Triton kernel (triton_kernels/kv_compact.py), same result
+            from triton_kernels.kv_compact import kv_compact
+            kv_compact(self.kv, slots, prefix_lens, accepted, accept_len)
+        else:
+            compact_accepted(self.kv, slots, prefix_lens, accepted, accept_len)

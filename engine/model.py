@@ -240,7 +240,12 @@ class MLA(nn.Module):
         w_uk, w_uv = self._up_projections()
         q_nope, q_rope = self.queries(x, positions)
         q = torch.cat([per_head(q_nope, w_uk.transpose(1, 2)), q_rope], dim=-1)  # [bs, T, H, kv_lora + rope]
-        latent_out = tree_attention(q, kv, slots, prefix_lens, tree_mask, self.softmax_scale, c.kv_lora_rank)
+        if q.is_cuda:  # the Triton kernel; splits fixed by the cache size keep a request's bits batch-independent
+            from triton_kernels.tree_verify_attention import cache_num_splits, tree_verify_attention
+            latent_out = tree_verify_attention(q, kv, slots, prefix_lens, tree_mask, self.softmax_scale,
+                                               c.kv_lora_rank, num_splits=cache_num_splits(kv.shape[1]))
+        else:
+            latent_out = tree_attention(q, kv, slots, prefix_lens, tree_mask, self.softmax_scale, c.kv_lora_rank)
         return linear(per_head(latent_out, w_uv).flatten(-2), self.o_proj.weight)
 
 

@@ -162,6 +162,12 @@ def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> i
     return good[0] if good else max(fill)[1]
 
 
+def cache_num_splits(max_len: int) -> int:
+    """A split count that depends on the cache size alone (one split per 4096 rows, at most 16): with it,
+    a query's output depends only on its own visible rows, whatever the batch (the engine's contract)."""
+    return max(1, min(16, max_len // 4096))
+
+
 def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.Tensor,
                           tree_mask: torch.Tensor, scale: float, v_dim: int, *,
                           num_splits: int | None = None, block_n: int | None = None,
