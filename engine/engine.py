@@ -65,6 +65,8 @@ class Engine:
             raise EngineError(f"max_len {max_len} (+{lookahead} lookahead) exceeds the model's "
                               f"max_position_embeddings {model.config.max_position_embeddings}")
         self.device = torch.device(device) if device is not None else model.device
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda" means the current GPU
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device != model.device:
             raise EngineError(f"the model is on {model.device}, not on the engine's device {self.device}")
         self.model, self.mode, self.budget = model, mode, budget

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Capture the serving loop on a CUDA machine over a grid of builders x concurrency, with nsys
+# tracing CUDA + NVTX; export each report to SQLite there (a newer nsys writes reports an older one
+# cannot read) and pack the exports and run summaries into one archive.
+#
+#   benchmarks/gpu_captures.sh OUT_DIR MODEL BUDGET "CONCURRENCIES" [REQUESTS] [MAX_NEW_TOKENS]
+#
+# On the lent H200: NSYS=<nsys 2025.3 path>, LD_LIBRARY_PATH including the libdw/libelf it needs
+# (see the README's "GPU captures" section for the exact command).
+set -euo pipefail
+out=${1:?OUT_DIR}; model=${2:?MODEL}; budget=${3:?BUDGET}; concurrencies=${4:?CONCURRENCIES}
+requests=${5:-128}; max_new=${6:-64}
+mkdir -p "$out/runs"
+python3 -c 'import torch; print(torch.cuda.get_device_name(), torch.__version__)'
+for c in $concurrencies; do
+  for builder in cpu gpu; do
+    name="$model-b$budget-c$c-$builder"
+    python3 -m ddprof capture --workload chat --concurrency "$c" --model "$model" --builder "$builder" \
+      --budget "$budget" --requests "$requests" --max-new-tokens "$max_new" --out "$out/runs/$name"
+    rm -f "$out/runs/$name.nsys-rep"  # the SQLite export is what travels; the report is large
+  done
+done
+tar -C "$out/runs" -czf "$out/gpu-captures-$model.tar.gz" .
+ls -la "$out"
