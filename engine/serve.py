@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
     engine = Engine(target, drafter, budget=args.budget, builder=args.builder, n_slots=args.concurrency,
                     max_len=max_len, device=device)
+    warm_up(engine, requests[0].prompt_tokens, min(8, requests[0].max_new_tokens))
     progress = _Progress(args.progress, len(requests))
     start = time.perf_counter()
     result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
@@ -102,6 +103,22 @@ def run(args: argparse.Namespace) -> int:
     if args.summary:
         _write_json(args.summary, _summary(args, requests, result, wall_s, device))
     return 0
+
+
+def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int) -> None:
+    """Decode one short request before the measured run, with NVTX off.
+
+    The first CUDA calls (cuBLAS handles, Triton's JIT compile of the GPU builder) cost hundreds of
+    ms once; without this they would land in the first step's stages and skew every comparison.
+    """
+    engine.nvtx.enabled = False
+    try:
+        engine.admit("warm-up", prompt_tokens, max_new_tokens)
+        while engine.active:
+            engine.step()
+        engine.release("warm-up")
+    finally:
+        engine.nvtx.enabled = True
 
 
 def _summary(args: argparse.Namespace, requests: list[Request], result: ServeResult, wall_s: float,
