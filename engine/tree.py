@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -57,9 +58,13 @@ def _check_budget(depth: int, k: int, budget: int) -> None:
 
 
 def _build_one(lq: list[list[float]], ids: list[list[int]], budget: int):
-    """Best-first search over one request's [L][K] log-probs; returns (tokens, depths, parents)."""
+    """Best-first search over one request's [L][K] log-probs.
+
+    Returns (tokens, depths, parents, ancestors): ancestors[i] is an int bit set of node i and its
+    ancestors (bit j = node j), built for free as nodes pop, from which the visibility mask follows.
+    """
     depth_limit, k = len(lq), len(lq[0])
-    tokens, depths, parents = [], [], []
+    tokens, depths, parents, ancestors = [], [], [], []
     # (-score, rank path, depth, rank, parent index, score)
     heap = [(-lq[0][0], (0,), 1, 0, -1, lq[0][0])]
     while heap and len(tokens) < budget:
@@ -68,17 +73,29 @@ def _build_one(lq: list[list[float]], ids: list[list[int]], budget: int):
         tokens.append(ids[depth - 1][rank])
         depths.append(depth)
         parents.append(parent)
+        ancestors.append((ancestors[parent] if parent >= 0 else 0) | (1 << node))
         if rank + 1 < k:
             sibling = score - lq[depth - 1][rank] + lq[depth - 1][rank + 1]
             heapq.heappush(heap, (-sibling, path[:-1] + (rank + 1,), depth, rank + 1, parent, sibling))
         if depth < depth_limit:
             child = score + lq[depth][0]
             heapq.heappush(heap, (-child, path + (0,), depth + 1, 0, node, child))
-    return tokens, depths, parents
+    return tokens, depths, parents, ancestors
+
+
+def visibility_from_ancestors(ancestors: list[list[int]], budget: int) -> torch.Tensor:
+    """[bs][B] ancestor bit sets -> [bs, B, B] bool mask, 64 columns per vectorised pass."""
+    words = []
+    for low in range(0, budget, 64):
+        word = np.array([[(a >> low) & 0xFFFFFFFFFFFFFFFF for a in row] for row in ancestors], dtype=np.uint64)
+        bits = np.arange(min(64, budget - low), dtype=np.uint64)
+        words.append((word[..., None] >> bits) & np.uint64(1))
+    return torch.from_numpy(np.concatenate(words, axis=-1).astype(bool))
 
 
 def visibility_from_parents(parents: torch.Tensor) -> torch.Tensor:
-    """[..., B] parent indices (parents first) -> [..., B, B] ancestor-or-self mask."""
+    """[..., B] parent indices (parents first) -> [..., B, B] ancestor-or-self mask (a slow, obvious
+    definition the tests hold the fast one to)."""
     budget = parents.shape[-1]
     flat = parents.reshape(-1, budget)
     vis = torch.zeros(flat.shape[0], budget, budget, dtype=torch.bool)
@@ -103,12 +120,6 @@ def build_tree_cpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, bud
     # One device-to-host copy for the whole batch, as the engine pays it; then plain Python lists.
     lq_all = top_log_probs.to("cpu", torch.float32).tolist()
     ids_all = top_token_ids.to("cpu").tolist()
-    tokens, depths, parents = [], [], []
-    for lq, ids in zip(lq_all, ids_all):
-        t, d, p = _build_one(lq, ids, budget)
-        tokens.append(t)
-        depths.append(d)
-        parents.append(p)
-    parents_t = torch.tensor(parents, dtype=torch.int64)
+    tokens, depths, parents, ancestors = zip(*(_build_one(lq, ids, budget) for lq, ids in zip(lq_all, ids_all)))
     return TreeBatch(torch.tensor(tokens, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64),
-                     parents_t, visibility_from_parents(parents_t))
+                     torch.tensor(parents, dtype=torch.int64), visibility_from_ancestors(ancestors, budget))

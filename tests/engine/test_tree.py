@@ -71,11 +71,17 @@ def test_visibility_is_ancestor_or_self():
             assert set(torch.nonzero(tree.visibility[b, i]).flatten().tolist()) == ancestors
 
 
-def test_single_request_shape_and_batched_visibility_helper():
+def test_single_request_shape():
     lq, ids = random_topk(1, 3, 3, ties=False, generator=torch.Generator().manual_seed(1))
     tree = build_tree_cpu(lq[0], ids[0], 5)
     assert tree.token_ids.shape == (1, 5) and tree.visibility.shape == (1, 5, 5)
-    assert torch.equal(visibility_from_parents(tree.parents[0]), tree.visibility[0])
+
+
+@pytest.mark.parametrize("budget", [1, 63, 64, 65, 130])
+def test_bit_set_visibility_equals_the_parent_walk_across_word_boundaries(budget):
+    lq, ids = random_topk(3, 40, 4, ties=True, generator=torch.Generator().manual_seed(budget))
+    tree = build_tree_cpu(lq, ids, budget)
+    assert torch.equal(tree.visibility, visibility_from_parents(tree.parents))
 
 
 @pytest.mark.parametrize("budget", [0, max_tree_size(2, 2) + 1])
