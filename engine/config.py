@@ -9,7 +9,7 @@ Presets:
 - `k2-layer`: Kimi K2's exact per-layer shapes with 1 dense + 2 MoE layers, bf16, for one H200.
 tiny and small use the engine's trained tokenizer (engine/tokenizer.py: vocabulary and MASK id) and
 have trained weights (engine/trained.py); small's experts are a quarter of the hidden size wide, as
-K2's are. All inner dimensions are multiples of 16 so every row of a [rows, dim] tensor starts
+K2's are, and its drafter has two layers (it accepts more). All inner dimensions are multiples of 16 so every row of a [rows, dim] tensor starts
 equally aligned (see `model.linear`).
 """
 
@@ -157,7 +157,7 @@ PRESETS: dict[str, Preset] = {
         max_position_embeddings=1024),
     "small": _preset(
         "4 layers (1 dense + 3 MoE), hidden 256, 8 experts: the CPU demo",
-        dict(num_hidden_layers=1, num_attention_heads=4, head_dim=64, intermediate_size=512, block_size=8,
+        dict(num_hidden_layers=2, num_attention_heads=4, head_dim=64, intermediate_size=512, block_size=8,
              target_layer_ids=(1, 3), mask_token_id=TOKENIZER.mask_id),
         vocab_size=TOKENIZER.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, q_lora_rank=128,
         kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, intermediate_size=512,

@@ -42,14 +42,16 @@ class DrafterAttention(nn.Module):
         return torch.cat([k, linear(x, self.v_proj.weight)], dim=-1)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, context: torch.Tensor, context_valid: torch.Tensor,
-                rotary: Rotary) -> torch.Tensor:
-        """Block x [bs, S, hidden] attends to [context [bs, n, 2*inner] ; block], all of the block visible."""
+                rotary: Rotary, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Block x [bs, S, hidden] attends to [context [bs, n, 2*inner] ; block], all of the block visible
+        (or what `visible` [bs, S, n + S] allows, see `Drafter.forward`)."""
         bs, block = x.shape[:2]
         q = rotary(linear(x, self.q_proj.weight).unflatten(-1, (self.heads, -1)), positions)
         keys_values = torch.cat([context.to(x.dtype), self.keys_values(x, positions, rotary)], dim=1)
         k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in keys_values.chunk(2, dim=-1))
-        visible = torch.cat([context_valid, context_valid.new_ones(bs, block)], dim=1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible)
+        if visible is None:
+            visible = torch.cat([context_valid, context_valid.new_ones(bs, block)], dim=1)[:, None, :]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible[:, None])
         return linear(out.transpose(1, 2).flatten(-2), self.o_proj.weight)
 
 
@@ -84,12 +86,16 @@ class Drafter(nn.Module):
         return torch.stack([layer.self_attn.keys_values(context, positions, self.rotary) for layer in self.layers])
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, context: torch.Tensor,
-                context_valid: torch.Tensor) -> torch.Tensor:
+                context_valid: torch.Tensor | None, visible: torch.Tensor | None = None) -> torch.Tensor:
         """block_embeds [bs, S, hidden] (target embeddings of [bonus, MASK...]) at positions [bs, S];
-        context [num_layers, bs, n, kv_width] with context_valid [bs, n] bool -> hidden [bs, S, hidden]."""
+        context [num_layers, bs, n, kv_width] with context_valid [bs, n] bool -> hidden [bs, S, hidden].
+
+        `visible` [bs, S, n + S] bool, if given, replaces that mask: training packs many blocks of one
+        sequence into one row, each seeing only its own context prefix and its own block."""
         x = block_embeds
         for layer, layer_context in zip(self.layers, context):
-            x = x + layer.self_attn(layer.input_layernorm(x), positions, layer_context, context_valid, self.rotary)
+            x = x + layer.self_attn(layer.input_layernorm(x), positions, layer_context, context_valid, self.rotary,
+                                    visible)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x
 

@@ -60,9 +60,10 @@ class Recipe:
 
 
 RECIPES = {
-    "tiny": Recipe(steps=800, prompts=512, min_prompt=16, max_prompt=192, continuation=96, sequences=8, anchors=16),
-    "small": Recipe(steps=1500, prompts=768, min_prompt=16, max_prompt=384, continuation=128, sequences=8,
-                    anchors=16),
+    "tiny": Recipe(steps=2000, prompts=1024, min_prompt=16, max_prompt=192, continuation=96, sequences=8,
+                   anchors=32),
+    "small": Recipe(steps=1500, prompts=1024, min_prompt=16, max_prompt=384, continuation=128, sequences=8,
+                    anchors=32),
 }
 
 
@@ -123,24 +124,28 @@ def sample_anchors(data: Distillation, sequences: torch.Tensor, per_sequence: in
 
 def block_logits(drafter: Drafter, target: TargetModel, data: Distillation, sequences: torch.Tensor,
                  anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drafter logits [blocks, L, vocab] for the blocks at `anchors` [S, A] of `sequences` [S], and the
-    target's tokens they should predict [blocks, L] (-100 past a sequence's end)."""
+    """Drafter logits [S * A, L, vocab] for the blocks at `anchors` [S, A] of `sequences` [S], and the
+    target's tokens they should predict [S * A, L] (-100 past a sequence's end).
+
+    As DFlash trains: a sequence's A blocks are packed into one row of A * (L + 1) queries over its
+    context computed once; block i sees context rows < anchor i and its own block only."""
     depth, mask_id = drafter.config.depth, drafter.config.mask_token_id
-    per_sequence = anchors.shape[1]
-    n = int(anchors.max())  # context rows any block can see
-    features = data.features[sequences, :n].float()
-    context = drafter.context_kv(features, torch.arange(n).expand(len(sequences), n))
-    context = context.repeat_interleave(per_sequence, dim=1)
-    anchors = anchors.flatten()
-    rows = data.tokens[sequences].repeat_interleave(per_sequence, dim=0)
-    valid = torch.arange(n)[None, :] < anchors[:, None]
-    bonus = rows.gather(1, anchors[:, None])
-    block = torch.cat([bonus, bonus.new_full((len(anchors), depth), mask_id)], dim=1)
-    positions = anchors[:, None] + torch.arange(depth + 1)
-    hidden = drafter(target.embed(block), positions, context, valid)
-    label_pos = anchors[:, None] + torch.arange(1, depth + 1)
+    count, per_sequence = anchors.shape
+    width, n = depth + 1, int(anchors.max())  # n: context rows any block can see
+    context = drafter.context_kv(data.features[sequences, :n].float(), torch.arange(n).expand(count, n))
+    rows = data.tokens[sequences]
+    bonus = rows.gather(1, anchors)  # [S, A]
+    block = torch.cat([bonus[..., None], bonus.new_full((count, per_sequence, depth), mask_id)], dim=2)
+    positions = anchors[..., None] + torch.arange(width)  # [S, A, L + 1]
+    owner = torch.arange(per_sequence).repeat_interleave(width)  # the block each packed query belongs to
+    sees_context = torch.arange(n) < anchors.repeat_interleave(width, dim=1)[..., None]  # [S, A(L+1), n]
+    sees_block = (owner[:, None] == owner[None, :]).expand(count, -1, -1)
+    visible = torch.cat([sees_context, sees_block], dim=2)
+    hidden = drafter(target.embed(block.flatten(1)), positions.flatten(1), context, None, visible)
+    hidden = hidden.view(count * per_sequence, width, -1)
+    label_pos = positions.flatten(0, 1)[:, 1:]
     lengths = data.lengths[sequences].repeat_interleave(per_sequence)
-    labels = rows.gather(1, label_pos.clamp(max=rows.shape[1] - 1))
+    labels = rows.repeat_interleave(per_sequence, dim=0).gather(1, label_pos.clamp(max=rows.shape[1] - 1))
     labels = labels.masked_fill(label_pos >= lengths[:, None], -100)
     return target.logits(hidden[:, 1:]), labels
 

@@ -93,3 +93,26 @@ def test_training_forward_is_the_engines_model():
         with plain_matmuls():
             logits, _ = target.forward_causal(tokens)
     assert torch.allclose(logits[1, -1], last, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_training_blocks_are_what_the_engine_drafts(distillation):
+    """Training packs several blocks of a sequence into one drafter row; each must come out exactly as
+    the engine's own `propose` drafts that block from the drafter's cache."""
+    from engine.drafter import DrafterCache, build_drafter, propose
+    from engine.train_drafter import block_logits
+
+    target, _, data = distillation
+    drafter = build_drafter(TINY.drafter, TINY.model, seed=1)
+    p = int(data.prompt_lens[1])
+    anchors = torch.tensor([[p + 4, p, p + 9], [int(data.prompt_lens[2]), p, p + 1]])
+    with torch.no_grad(), plain_matmuls():
+        logits, labels = block_logits(drafter, target, data, torch.tensor([1, 2]), anchors)
+    for i, a in enumerate(anchors[0].tolist()):
+        cache = DrafterCache(drafter, 1, 128)
+        with torch.no_grad():
+            cache.append(drafter, torch.tensor([0]), data.features[1:2, :a].float(), torch.arange(a)[None])
+            top_lp, top_ids = propose(drafter, target, cache, torch.tensor([0]), torch.tensor([a]),
+                                      data.tokens[1, a:a + 1], top_k=4)
+        want = logits[i].log_softmax(-1).topk(4, dim=-1)
+        assert torch.equal(want.indices, top_ids[0]) and torch.allclose(want.values, top_lp[0], atol=1e-5)
+        assert labels[i].tolist() == data.tokens[1, a + 1:a + 1 + TINY.drafter.depth].tolist()
