@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Capture the serving loop on a CUDA machine over a grid of builders x concurrency, with nsys
 # tracing CUDA + NVTX; export each report to SQLite there (a newer nsys writes reports an older one
-# cannot read) and pack the exports and run summaries into one archive.
+# cannot read) and gzip each export (one file per run comes back from the GPU machine).
 #
 #   benchmarks/gpu_captures.sh OUT_DIR MODEL BUDGET "CONCURRENCIES" [REQUESTS] [MAX_NEW_TOKENS]
 #
@@ -18,7 +18,7 @@ for c in $concurrencies; do
     python3 -m ddprof capture --workload chat --concurrency "$c" --model "$model" --builder "$builder" \
       --budget "$budget" --requests "$requests" --max-new-tokens "$max_new" --out "$out/runs/$name"
     rm -f "$out/runs/$name.nsys-rep"  # the SQLite export is what travels; the report is large
+    gzip -f "$out/runs/$name.sqlite"
   done
 done
-tar -C "$out/runs" -czf "$out/gpu-captures-$model.tar.gz" .
-ls -la "$out"
+ls -la "$out/runs"
