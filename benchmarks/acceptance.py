@@ -121,9 +121,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="DDTree acceptance on held-out prompts (greedy, cpu builder)")
-    for column in ("preset", "workload", "L", "budget", "tokens/step", "accepted/step", "forwards DDTree / AR",
-                   "saved", "lossless"):
+    table = Table(title="DDTree acceptance, held-out prompts")
+    for column in ("preset", "workload", "L", "budget", "tok/step", "acc/step", "fwd DD/AR", "saved", "exact"):
         table.add_column(column, justify="left" if column in ("preset", "workload") else "right")
     for name in args.presets:
         if not has_pair(name):
@@ -137,12 +136,12 @@ def main() -> None:
             payload["results"].append(entry)
             write_result(args.out, payload)
             if "skipped" in entry:
-                table.add_row(name, workload, str(entry["block_depth_L"]), "-", "skipped: " + entry["skipped"],
-                              "", "", "", "")
+                table.add_row(name, workload, str(entry["block_depth_L"]), "-", "skipped (too long)", "", "", "",
+                              "")
                 continue
             for budget, b in entry["budgets"].items():
                 table.add_row(name, workload, str(entry["block_depth_L"]), budget, f"{b['tokens_per_step']:.2f}",
-                              f"{b['accepted_per_step']:.2f}", f"{b['target_forwards']} / {b['ar_forwards']}",
+                              f"{b['accepted_per_step']:.2f}", f"{b['target_forwards']}/{b['ar_forwards']}",
                               f"{b['forwards_saved']:.0%}", str(b["lossless"]))
     Console().print(table)
     write_result(args.out, payload)

@@ -44,7 +44,7 @@ class Recipe:
 
 
 RECIPES = {"tiny": Recipe(steps=800, batch_size=16, seq_len=256),
-           "small": Recipe(steps=400, batch_size=8, seq_len=512)}
+           "small": Recipe(steps=700, batch_size=8, seq_len=512)}
 
 
 def train_target(config: ModelConfig, tokenizer, recipe: Recipe, *, lr: float, seed: int,
