@@ -1,9 +1,11 @@
-"""Greedy DDTree acceptance: follow the target's argmax down the draft tree.
+"""DDTree acceptance: follow the target's choices down the draft tree.
 
-The target verified every node in one forward, so `target_argmax` holds its greedy choice after
-the root and after each node. Starting at the root, step to the child whose token is the target's
-choice; stop when no child matches. The path is what plain greedy decoding would have produced,
-and the target's choice after the last accepted node is the next bonus token: lossless.
+The target verified every node in one forward, so `target_argmax` holds its choice after the root
+and after each node: its argmax, or at temperature > 0 its seeded sample (engine/sampling.py), which
+depends only on the request's seed and the position, never on the node. Starting at the root, step
+to the child whose token is the target's choice; stop when no child matches. The path is what
+autoregressive decoding would have produced, and the target's choice after the last accepted node
+is the next bonus token: lossless.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from engine.tree import TreeBatch
 
 def accept_greedy(tree: TreeBatch, target_argmax: torch.Tensor, depth_limit: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Walk each request's tree along the target's argmax.
+    """Walk each request's tree along the target's choices (argmax or seeded sample).
 
     target_argmax [bs, 1 + B]: column 0 is the choice after the root, column 1 + i after node i.
     Returns accepted [bs, depth_limit] int64 node indices along the path (-1 padded),

@@ -6,13 +6,14 @@ DDTree (Ringel & Romano, 2026), per step and for every request in the batch at o
     tree_build  the top-`budget` prefixes as a tree (CPU heapq, or the GPU builder)
     verify      one target forward over [bonus, nodes...] at positions prefix_len + depth,
                 each node seeing the prefix, the bonus and its own ancestors
-    accept      walk the tree along the target's argmax
+    accept      walk the tree along the target's choices (argmax, or its seeded sample: engine/sampling.py)
     kv_compact  move the accepted rows behind the bonus row; keep their features for the drafter
     sampling    the next bonus token (the target's choice after the accepted path); commit the
                 step's tokens to the host under each request's stop rules
 
 `ARDecoder` is the plain autoregressive baseline DDTree is lossless against (stages verify and
-sampling only). Both take a `DecodeBatch` and return a `StepResult`; `engine.Engine` owns the
+sampling only), greedy or sampled: both decoders choose tokens with `engine.sampling.choose_tokens`,
+whose sample at a position depends only on the request's seed and that position. Both take a `DecodeBatch` and return a `StepResult`; `engine.Engine` owns the
 requests, the NVTX `step` range around a step and the `tokens` mark after it.
 """
 
@@ -31,6 +32,7 @@ from engine.errors import EngineError
 from engine.kv_cache import LatentKVCache
 from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
+from engine.sampling import choose_tokens
 from engine.stages import STAGES
 from engine.tree import TreeBatch, build_tree_cpu
 
@@ -44,6 +46,7 @@ class DecodeBatch:
     slots: torch.Tensor  # [bs] int64
     prefix_lens: torch.Tensor  # [bs] int64: committed rows in the cache (the bonus is not among them)
     bonus: torch.Tensor  # [bs] int64: the last committed token, not yet in the cache
+    seeds: torch.Tensor  # [bs] int64: each request's sampling seed (unused at temperature 0)
     remaining: list[int]  # tokens each request may still emit
     eos_ids: list[int | None]
 
@@ -93,10 +96,10 @@ def block_mask(tree: TreeBatch) -> torch.Tensor:
 
 
 class ARDecoder:
-    """Plain greedy decoding: one target forward per token."""
+    """Plain autoregressive decoding: one target forward per token."""
 
-    def __init__(self, target: TargetModel, cache: LatentKVCache, nvtx: Nvtx):
-        self.target, self.cache, self.nvtx = target, cache, nvtx
+    def __init__(self, target: TargetModel, cache: LatentKVCache, nvtx: Nvtx, *, temperature: float = 0.0):
+        self.target, self.cache, self.nvtx, self.temperature = target, cache, nvtx, temperature
         self.feature_layers: tuple[int, ...] = ()
 
     def after_prefill(self, slot: int, features: torch.Tensor | None) -> None:
@@ -108,7 +111,7 @@ class ARDecoder:
             plain = torch.ones(bs, 1, 1, dtype=torch.bool, device=batch.slots.device)
             logits, _ = self.target.forward_block(batch.bonus[:, None], batch.prefix_lens[:, None], self.cache.kv,
                                                   batch.slots, batch.prefix_lens, plain)
-            next_token = logits[:, 0].argmax(-1)
+            next_token = choose_tokens(logits[:, 0], batch.prefix_lens + 1, batch.seeds, self.temperature)
         with self.nvtx.range(SAMPLING):
             tokens = next_token.tolist()
             committed = [apply_stop_rules([t], r, e) for t, r, e in zip(tokens, batch.remaining, batch.eos_ids)]
@@ -116,11 +119,12 @@ class ARDecoder:
 
 
 class DDTreeDecoder:
-    """Greedy DDTree decoding with a block drafter and a draft tree of `budget` nodes."""
+    """DDTree decoding with a block drafter and a draft tree of `budget` nodes."""
 
     def __init__(self, target: TargetModel, drafter: Drafter, cache: LatentKVCache, *, budget: int, builder: str,
-                 nvtx: Nvtx):
+                 nvtx: Nvtx, temperature: float = 0.0):
         self.target, self.drafter, self.cache, self.nvtx = target, drafter, cache, nvtx
+        self.temperature = temperature
         self.budget = budget
         self.build_tree = tree_builder(builder, target.device)
         self.depth = drafter.config.depth
@@ -155,15 +159,17 @@ class DDTreeDecoder:
         with self.nvtx.range(VERIFY):
             tokens = torch.cat([batch.bonus[:, None], tree.token_ids], dim=1)
             depths = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], dim=1)
-            logits, features = self.target.forward_block(tokens, prefix_lens[:, None] + depths, self.cache.kv, slots,
-                                                         prefix_lens, block_mask(tree), self.feature_layers)
-            target_argmax = logits.argmax(-1)
+            positions = prefix_lens[:, None] + depths
+            logits, features = self.target.forward_block(tokens, positions, self.cache.kv, slots, prefix_lens,
+                                                         block_mask(tree), self.feature_layers)
+            # The target's choice after each node: the token at the node's position + 1.
+            target_choice = choose_tokens(logits, positions + 1, batch.seeds[:, None], self.temperature)
         with self.nvtx.range(ACCEPT):
             if slots.is_cuda:  # the Triton walk (triton_kernels/tree_accept.py), same outputs
                 from triton_kernels.tree_accept import tree_accept
-                accepted, accept_len, next_bonus = tree_accept(tree, target_argmax, self.depth)
+                accepted, accept_len, next_bonus = tree_accept(tree, target_choice, self.depth)
             else:
-                accepted, accept_len, next_bonus = accept_greedy(tree, target_argmax, self.depth)
+                accepted, accept_len, next_bonus = accept_greedy(tree, target_choice, self.depth)
         with self.nvtx.range(KV_COMPACT):
             self.cache.compact(slots, prefix_lens, accepted, accept_len)
             # The bonus and the accepted nodes (block rows 0 and 1 + accepted) condition the next draft.

@@ -10,13 +10,17 @@ A scheduler drives it:
 Each `step` is one NVTX range `step` holding the decode stages, followed by a `tokens` mark whose
 payload is the number of tokens committed (whole batch); `admit` runs the prompt as a `prefill`
 range. A request's tokens never depend on what else is in the batch (see model.linear and
-attention.tree_attention).
+attention.tree_attention). At `temperature` > 0 the target samples; each request's sample at a
+position depends only on its seed and that position (engine/sampling.py), so DDTree still emits
+exactly the autoregressive tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+import zlib
 
 import torch
 
@@ -26,6 +30,7 @@ from engine.errors import EngineError
 from engine.kv_cache import LatentKVCache
 from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
+from engine.sampling import MAX_SEED, choose_tokens
 from engine.stages import PREFILL, STEP, TOKENS_MARK
 
 
@@ -35,6 +40,7 @@ class Request:
     prompt_len: int
     max_new_tokens: int
     eos_id: int | None
+    seed: int
     prefix_len: int = 0  # committed rows in the cache
     bonus: int = 0  # the last emitted token, not yet in the cache
     tokens: list[int] = field(default_factory=list)  # emitted so far
@@ -53,13 +59,15 @@ class RequestResult:
 class Engine:
     def __init__(self, model: TargetModel, drafter: Drafter | None, *, budget: int, builder: str = "cpu",
                  mode: str = "ddtree", n_slots: int, max_len: int, device: str | torch.device | None = None,
-                 nvtx: bool = True):
+                 nvtx: bool = True, temperature: float = 0.0):
         if mode not in ("ddtree", "ar"):
             raise EngineError(f"unknown decoding mode {mode!r}; choose ddtree or ar")
         if mode == "ddtree" and drafter is None:
             raise EngineError("ddtree decoding needs a drafter")
         if budget < 1:
             raise EngineError(f"budget must be at least 1, got {budget}")
+        if not temperature >= 0:
+            raise EngineError(f"temperature must be 0 (greedy) or positive, got {temperature}")
         lookahead = drafter.config.block_size if drafter is not None else 1
         if max_len + lookahead > model.config.max_position_embeddings:
             raise EngineError(f"max_len {max_len} (+{lookahead} lookahead) exceeds the model's "
@@ -69,14 +77,15 @@ class Engine:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device != model.device:
             raise EngineError(f"the model is on {model.device}, not on the engine's device {self.device}")
-        self.model, self.mode, self.budget = model, mode, budget
+        self.model, self.mode, self.budget, self.temperature = model, mode, budget, temperature
         self.nvtx = Nvtx(nvtx)
         self.cache = LatentKVCache(model.config.num_hidden_layers, n_slots, max_len, model.config.latent_dim,
                                    dtype=model.dtype, device=self.device)
         if mode == "ddtree":
-            self.decoder = DDTreeDecoder(model, drafter, self.cache, budget=budget, builder=builder, nvtx=self.nvtx)
+            self.decoder = DDTreeDecoder(model, drafter, self.cache, budget=budget, builder=builder, nvtx=self.nvtx,
+                                         temperature=temperature)
         else:
-            self.decoder = ARDecoder(model, self.cache, self.nvtx)
+            self.decoder = ARDecoder(model, self.cache, self.nvtx, temperature=temperature)
         self.block_rows = 1 + budget if mode == "ddtree" else 1  # rows one step writes past the prefix
         self.requests: dict[Hashable, Request] = {}
 
@@ -91,8 +100,12 @@ class Engine:
 
     @torch.no_grad()
     def admit(self, request_id: Hashable, prompt_tokens: list[int], max_new_tokens: int,
-              eos_id: int | None = None) -> None:
-        """Prefill the prompt into a fresh slot; its first new token is emitted right away."""
+              eos_id: int | None = None, seed: int | None = None) -> None:
+        """Prefill the prompt into a fresh slot; its first new token is emitted right away.
+
+        `seed` (0 <= seed < 2**32) fixes the request's samples at temperature > 0; by default it is
+        derived from the request id, so a request decodes the same way in any batch.
+        """
         if request_id in self.requests:
             raise EngineError(f"request {request_id!r} is already admitted")
         if not prompt_tokens or max_new_tokens < 1:
@@ -100,13 +113,17 @@ class Engine:
         if not self.can_admit(len(prompt_tokens), max_new_tokens):
             raise EngineError(f"request {request_id!r}: no free slot with {len(prompt_tokens) + max_new_tokens + self.block_rows} "
                               f"rows (max_len {self.cache.max_len}, {self.cache.n_free} slots free)")
+        if seed is None:
+            seed = zlib.crc32(repr(request_id).encode())
+        if not 0 <= seed < MAX_SEED:
+            raise EngineError(f"request {request_id!r}: seed must be in [0, 2**32), got {seed}")
         slot = self.cache.allocate()
-        request = Request(slot, len(prompt_tokens), max_new_tokens, eos_id)
+        request = Request(slot, len(prompt_tokens), max_new_tokens, eos_id, seed)
         with self.nvtx.range(PREFILL):
             tokens = torch.tensor(prompt_tokens, dtype=torch.int64, device=self.device)
             logits, features = self.model.prefill(tokens, self.cache.kv, slot, self.decoder.feature_layers)
             self.decoder.after_prefill(slot, features)
-            first = int(logits.argmax())
+            first = int(choose_tokens(logits, self._tensor(len(prompt_tokens)), self._tensor(seed), self.temperature))
         request.prefix_len, request.bonus, request.target_forwards = len(prompt_tokens), first, 1
         request.tokens = apply_stop_rules([first], max_new_tokens, eos_id)
         request.done = self._is_done(request)
@@ -124,6 +141,7 @@ class Engine:
                 slots=self._tensor([r.slot for r in requests]),
                 prefix_lens=self._tensor([r.prefix_len for r in requests]),
                 bonus=self._tensor([r.bonus for r in requests]),
+                seeds=self._tensor([r.seed for r in requests]),
                 remaining=[r.max_new_tokens - len(r.tokens) for r in requests],
                 eos_ids=[r.eos_id for r in requests])
             result = self.decoder.step(batch)
@@ -156,7 +174,7 @@ class Engine:
             raise EngineError(f"unknown request {request_id!r}")
         return self.requests[request_id]
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
+    def _tensor(self, values: list[int] | int) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     @staticmethod

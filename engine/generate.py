@@ -3,9 +3,11 @@
     python -m engine generate --model tiny --seed 0 --mode ddtree --builder cpu --budget 8 \\
         --max-new-tokens 32 --prompt "Hello" --json
 
-prints {"tokens": [...], "target_forwards": n, "accept_lengths": [...], "text": "..."}. With
-greedy decoding `--mode ddtree` prints exactly the tokens of `--mode ar` for any budget: DDTree
-only changes how many target forwards they cost.
+prints {"tokens": [...], "target_forwards": n, "accept_lengths": [...], "text": "..."}.
+`--mode ddtree` prints exactly the tokens of `--mode ar` for any budget: DDTree only changes how
+many target forwards they cost. That holds for greedy decoding (the default) and for sampling
+(`--temperature T --sample-seed S`; prompt i samples with seed S + i), since a sample depends only
+on the seed and the token's position (engine/sampling.py).
 """
 
 from __future__ import annotations
@@ -46,20 +48,21 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
 
 def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *, mode: str = "ddtree",
              builder: str = "cpu", budget: int = 8, max_new_tokens: int = 32, eos_id: int | None = None,
-             nvtx: bool = True) -> list[RequestResult]:
-    """Decode all prompts together as one batch, each in its own cache slot."""
+             nvtx: bool = True, temperature: float = 0.0, sample_seed: int = 0) -> list[RequestResult]:
+    """Decode all prompts together as one batch, each in its own cache slot (prompt i samples
+    with seed sample_seed + i)."""
     max_len = max(len(p) for p in prompts) + max_new_tokens + 1 + budget
     engine = Engine(target, drafter, budget=budget, builder=builder, mode=mode, n_slots=len(prompts),
-                    max_len=max_len, nvtx=nvtx)
+                    max_len=max_len, nvtx=nvtx, temperature=temperature)
     for i, prompt in enumerate(prompts):
-        engine.admit(i, prompt, max_new_tokens, eos_id)
+        engine.admit(i, prompt, max_new_tokens, eos_id, seed=sample_seed + i)
     while engine.active:
         engine.step()
     return [engine.result(i) for i in range(len(prompts))]
 
 
 def register(subcommands) -> None:
-    parser = subcommands.add_parser("generate", help="decode prompts (greedy), AR or DDTree",
+    parser = subcommands.add_parser("generate", help="decode prompts (greedy or sampled), AR or DDTree",
                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="small", choices=list(PRESETS),
                         help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()) + " (default small)")
@@ -73,6 +76,9 @@ def register(subcommands) -> None:
     parser.add_argument("--builder", default="cpu", choices=["cpu", "gpu"], help="DDTree tree builder")
     parser.add_argument("--budget", type=int, default=8, help="draft tree nodes per step")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    parser.add_argument("--sample-seed", type=int, default=0,
+                        help="sampling seed of the first prompt (prompt i uses seed + i; default 0)")
     parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = [[tokenizer.bos_id] + tokenizer.encode(t) for t in texts]
     results = generate(target, drafter, prompts, mode=args.mode, builder=args.builder, budget=args.budget,
                        max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else tokenizer.eos_id,
-                       nvtx=not args.no_nvtx)
+                       nvtx=not args.no_nvtx, temperature=args.temperature, sample_seed=args.sample_seed)
     rows = [{"tokens": r.tokens, "target_forwards": r.target_forwards, "accept_lengths": r.accept_lengths,
              "text": tokenizer.decode(r.tokens)} for r in results]
     if args.json:
@@ -104,7 +110,8 @@ def _print_table(texts: list[str], rows: list[dict], args: argparse.Namespace) -
     from rich.table import Table
 
     table = Table(title=f"{args.model} · {args.mode}" + (f" · budget {args.budget} · {args.builder} builder"
-                                                          if args.mode == "ddtree" else ""))
+                                                          if args.mode == "ddtree" else "")
+                  + (f" · temperature {args.temperature:g}, seed {args.sample_seed}" if args.temperature else ""))
     for column in ("prompt", "generated", "tokens", "target forwards", "tokens / forward"):
         table.add_column(column, justify="right" if column != "prompt" and column != "generated" else "left")
     for text, row in zip(texts, rows):

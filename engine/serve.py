@@ -47,6 +47,8 @@ def register(subcommands) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"longest answer: the workload's answer lengths are scaled to it (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy (default); > 0: lossless sampling, each request seeded by its id")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch threads on the CPU (default 1: on shared cores, every op with more threads "
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("concurrency", "budget", "requests", "max_new_tokens", "cpu_threads"):
         if getattr(args, name) < 1:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if not args.temperature >= 0:
+        raise EngineError(f"--temperature must be 0 (greedy) or positive (got {args.temperature})")
     config = preset(args.model)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
     engine = Engine(target, drafter, budget=args.budget, builder=args.builder, n_slots=args.concurrency,
-                    max_len=max_len, device=device)
+                    max_len=max_len, device=device, temperature=args.temperature)
     warm_up(engine, requests[0].prompt_tokens, min(8, requests[0].max_new_tokens))
     progress = _Progress(args.progress, len(requests))
     start = time.perf_counter()
@@ -129,6 +133,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
     return {
         "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
         "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
+        "temperature": args.temperature,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED),
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
