@@ -52,7 +52,8 @@ def test_distillation_labels_are_the_targets_greedy_continuation(distillation):
         assert bool((data.tokens[i, n:] == TOKENIZER.pad_id).all())
     with torch.no_grad(), plain_matmuls():  # features are the target's hidden states at the drafter's layers
         _, features = target.forward_causal(data.tokens[:1], TINY.drafter.target_layer_ids)
-    assert torch.allclose(features.to(torch.bfloat16).float(), data.features[:1].float())
+    want = features[0, :int(data.lengths[0])]
+    assert torch.allclose(want.to(torch.bfloat16).float(), data.features[0].float(), rtol=1e-2, atol=1e-2)
 
 
 def test_drafter_loss_decreases(distillation):
@@ -110,7 +111,7 @@ def test_packed_training_blocks_are_what_the_engine_drafts(distillation):
     for i, a in enumerate(anchors[0].tolist()):
         cache = DrafterCache(drafter, 1, 128)
         with torch.no_grad():
-            cache.append(drafter, torch.tensor([0]), data.features[1:2, :a].float(), torch.arange(a)[None])
+            cache.append(drafter, torch.tensor([0]), data.features[1][None, :a].float(), torch.arange(a)[None])
             top_lp, top_ids = propose(drafter, target, cache, torch.tensor([0]), torch.tensor([a]),
                                       data.tokens[1, a:a + 1], top_k=4)
         want = logits[i].log_softmax(-1).topk(4, dim=-1)
