@@ -93,21 +93,6 @@ def visibility_from_ancestors(ancestors: list[list[int]], budget: int) -> torch.
     return torch.from_numpy(np.concatenate(words, axis=-1).astype(bool))
 
 
-def visibility_from_parents(parents: torch.Tensor) -> torch.Tensor:
-    """[..., B] parent indices (parents first) -> [..., B, B] ancestor-or-self mask (a slow, obvious
-    definition the tests hold the fast one to)."""
-    budget = parents.shape[-1]
-    flat = parents.reshape(-1, budget)
-    vis = torch.zeros(flat.shape[0], budget, budget, dtype=torch.bool)
-    eye = torch.eye(budget, dtype=torch.bool)
-    for i in range(budget):
-        vis[:, i] = eye[i]
-        has_parent = flat[:, i] >= 0
-        rows = flat[:, i].clamp(min=0)
-        vis[has_parent, i] |= vis[has_parent, rows[has_parent]]
-    return vis.reshape(*parents.shape, budget)
-
-
 def build_tree_cpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, budget: int) -> TreeBatch:
     """Build each request's tree on the CPU with heapq. Inputs [bs, L, K] (any device) or [L, K].
 

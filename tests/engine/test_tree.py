@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from engine.tree import build_tree_cpu, max_tree_size, visibility_from_parents
+from engine.tree import build_tree_cpu, max_tree_size
 
 
 def brute_force_tree(lq, ids, budget):
@@ -19,6 +19,18 @@ def brute_force_tree(lq, ids, budget):
     depths = [len(p) for p in chosen]
     parents = [index[p[:-1]] if len(p) > 1 else -1 for p in chosen]
     return tokens, depths, parents
+
+
+def visibility_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """[bs, B] parent indices -> [bs, B, B] ancestor-or-self mask: the slow, obvious definition."""
+    bs, budget = parents.shape
+    vis = torch.zeros(bs, budget, budget, dtype=torch.bool)
+    for b in range(bs):
+        for i in range(budget):
+            vis[b, i, i] = True
+            if parents[b, i] >= 0:
+                vis[b, i] |= vis[b, parents[b, i]]
+    return vis
 
 
 def random_topk(bs, depth, k, *, ties, generator):
