@@ -1,21 +1,27 @@
-"""GPU DDTree builder: the CPU heapq best-first search, replayed by one warp per request.
+"""GPU DDTree builder: the CPU heapq best-first search, replayed on a sorted frontier held by one warp.
 
 Reference: `engine.tree.build_tree_cpu`. This kernel returns the same `TreeBatch`, bit for bit, for
 every request, ties included, because it performs the very same search rather than an equivalent
 one: the same float64 arithmetic in the same order (a sibling's score is the popped score minus its
 log-prob plus the sibling's; a child's is the popped score plus the first log-prob one depth down),
-and the same heap order (score descending, then the path of top-k ranks ascending).
+and the same pop order (score descending, then the path of top-k ranks ascending).
 
-Why a replay is fast: the heap never holds more than `budget` entries, so one warp keeps one entry
-per lane and a pop is a single warp reduction (shuffles only) over (score, rank path) carrying the
-entry's payload. `budget` pops give the tree; no host synchronisation, one launch for the batch
-(one program = one request). A depth-by-depth expand-and-select would visit the same prefixes, but
-only while float64 rounding never reorders a chain of sibling scores; the replay needs no such proof.
+Why it is fast: the frontier is kept *sorted* across the lanes of one warp (lane 0 = next to pop),
+so a pop needs no reduction over the heap. Each pop broadcasts lane 0, computes its next sibling
+and first child, and merges them into the sorted lanes: every lane compares its entry with the two
+newcomers, reads its neighbours' verdicts, and takes its new entry from lane i-1, i or i+1 or from a
+newcomer (a few warp shuffles, the same work at every pop, so no request of a batch waits on a slow
+path). Entries beyond the pops still to come can never pop, so `budget` lanes always suffice. One
+program = one request, one launch for the batch, no host synchronisation. Ancestor sets (the
+visibility mask) follow at the end by pointer jumping over the parents. A depth-by-depth
+expand-and-select would visit the same prefixes, but only while float64 rounding never reorders a
+chain of sibling scores; the replay needs no such proof.
 
 Keys: a rank path (r_1..r_d) is ordered like the tuple `(r_1, .., r_L padded with 0, d)`, packed
 most significant first into two int64 words (`NB` bits per digit, the depth in the low bits of the
 second word), so a sibling adds one unit at digit d and a child adds one to the depth field.
-Ancestors travel as an int64 bit set (bit j = node j), which gives the visibility mask for free.
+An entry also carries its own log-prob and the two it will need when popped (next sibling's, first
+child's), loaded when it is pushed, so no pop waits on memory.
 """
 
 from __future__ import annotations
@@ -36,125 +42,134 @@ def _first(s1, a1, b1, s2, a2, b2):
 
 
 @triton.jit
-def _better(s1, a1, b1, m1, an1, s2, a2, b2, m2, an2):
-    """The entry that pops first, with its payload (a reduction combiner)."""
-    first = _first(s1, a1, b1, s2, a2, b2)
-    return (tl.where(first, s1, s2), tl.where(first, a1, a2), tl.where(first, b1, b2),
-            tl.where(first, m1, m2), tl.where(first, an1, an2))
+def _pick(take_first, x1, y1, z1, w1, u1, v1, t1, x2, y2, z2, w2, u2, v2, t2):
+    """One of two entries (score, key0, key1, meta, own, next sibling's and first child's log-probs)."""
+    return (tl.where(take_first, x1, x2), tl.where(take_first, y1, y2), tl.where(take_first, z1, z2),
+            tl.where(take_first, w1, w2), tl.where(take_first, u1, u2), tl.where(take_first, v1, v2),
+            tl.where(take_first, t1, t2))
+
+
+@triton.jit
+def _log_prob(lq, depth, rank, present, L: tl.constexpr, K: tl.constexpr):
+    """lq[depth - 1][rank] as float32 where `present` and the cell exists, else 0."""
+    ok = present & (depth >= 1) & (depth <= L) & (rank < K)
+    return tl.load(lq + (depth - 1) * K + rank, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
                        L: tl.constexpr, K: tl.constexpr, BUDGET: tl.constexpr, LANES: tl.constexpr,
-                       L_PAD: tl.constexpr, K_PAD: tl.constexpr,
-                       NB: tl.constexpr, M0: tl.constexpr, DB: tl.constexpr):
+                       L_PAD: tl.constexpr, K_PAD: tl.constexpr, NB: tl.constexpr, M0: tl.constexpr,
+                       DB: tl.constexpr, JUMPS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     lq = lq_ptr + b * (L * K)
     ids = ids_ptr + b * (L * K)
     lane = tl.arange(0, LANES)
     neg_inf = float("-inf")
-    empty_key = 0x7FFFFFFFFFFFFFFF
     one = tl.full([], 1, tl.int64)
+    zero_lanes = tl.zeros([LANES], tl.int32)
+    empty_key = 0x7FFFFFFFFFFFFFFF  # an empty slot's key: it sorts after every real entry
 
-    # Read the [L, K] log-probs once with wide loads: the pops below then re-read single values
-    # from L1 instead of waiting on L2 in every step. The root's log-prob comes out of the tile.
+    # Read the [L, K] log-probs once with wide loads, so the pops' single-value loads hit L1.
     row = tl.arange(0, L_PAD)[:, None]
     col = tl.arange(0, K_PAD)[None, :]
-    in_table = (row < L) & (col < K)
-    lq_tile = tl.load(lq + row * K + col, mask=in_table, other=neg_inf).to(tl.float32)
+    lq_tile = tl.load(lq + row * K + col, mask=(row < L) & (col < K), other=neg_inf).to(tl.float32)
     root_self = tl.max(tl.max(tl.where((row == 0) & (col == 0), lq_tile, neg_inf), 1), 0)
 
-    # Heap entry per lane: score (float64), rank-path key (two words), meta packing
-    # slot | rank << 8 | depth << 16 | (parent + 1) << 24, and the ancestor set of its parent.
+    # The sorted frontier, one entry per lane: score (float64), rank-path key (two words), meta
+    # packing rank | depth << 8 | (parent + 1) << 16, and three float32 log-probs (own, next
+    # sibling's, first child's). It starts with the root's first child: depth 1, rank 0.
     is_root = lane == 0
     score = tl.where(is_root, root_self.to(tl.float64), neg_inf)
     key0 = tl.where(is_root, 0, empty_key).to(tl.int64)
     key1 = tl.where(is_root, 1, empty_key).to(tl.int64)
-    meta = tl.where(is_root, 1 << 16, 0).to(tl.int32)
-    anc = tl.zeros([LANES], tl.int64)
+    meta = tl.where(is_root, 1 << 8, 0).to(tl.int32)
+    own = tl.where(is_root, root_self, 0.0)
+    nxt = _log_prob(lq, 1 + zero_lanes, 1 + zero_lanes, is_root, L, K)
+    kid = _log_prob(lq, 2 + zero_lanes, zero_lanes, is_root, L, K)
 
     out_rank = tl.zeros([LANES], tl.int32)
     out_depth = tl.zeros([LANES], tl.int32)
     out_parent = tl.zeros([LANES], tl.int32)
-    out_anc = tl.zeros([LANES], tl.int64)
-    free_slot = 1
-    # w: the entry to pop now; r: the best of all other entries (the runner-up). Most pops take
-    # the popped node's sibling or child; those beat the runner-up with two scalar comparisons,
-    # and only when the runner-up wins does the warp reduce over the lanes again.
-    w_score, w_key0, w_key1, w_meta, w_anc = root_self.to(tl.float64), tl.zeros([], tl.int64), \
-        tl.full([], 1, tl.int64), tl.full([], 1 << 16, tl.int32), tl.zeros([], tl.int64)
-    r_score, r_key0, r_key1, r_meta, r_anc = tl.full([], neg_inf, tl.float64), tl.full([], empty_key, tl.int64), \
-        tl.full([], empty_key, tl.int64), tl.zeros([], tl.int32), tl.zeros([], tl.int64)
+    up = tl.minimum(lane + 1, LANES - 1)
+    down = tl.maximum(lane - 1, 0)
     for n in range(BUDGET):
-        slot = w_meta & 255
-        rank = (w_meta >> 8) & 255
-        depth = (w_meta >> 16) & 255
-        node_anc = w_anc | (one << n)
+        # Pop lane 0 (every lane gets a copy).
+        w_score, w_key0, w_key1 = score.gather(zero_lanes, 0), key0.gather(zero_lanes, 0), key1.gather(zero_lanes, 0)
+        w_meta, w_own, w_nxt, w_kid = meta.gather(zero_lanes, 0), own.gather(zero_lanes, 0), \
+            nxt.gather(zero_lanes, 0), kid.gather(zero_lanes, 0)
+        rank = w_meta & 255
+        depth = (w_meta >> 8) & 255
         here = lane == n
         out_rank = tl.where(here, rank, out_rank)
         out_depth = tl.where(here, depth, out_depth)
-        out_parent = tl.where(here, (w_meta >> 24) - 1, out_parent)
-        out_anc = tl.where(here, node_anc, out_anc)
+        out_parent = tl.where(here, (w_meta >> 16) - 1, out_parent)
 
         more = n < BUDGET - 1  # the last pop pushes nothing that could still be popped
+        # Next sibling (depth, rank + 1): same parent; one unit more at digit `depth`.
         has_sib = more & (rank + 1 < K)
-        has_child = more & (depth < L)
-        at = lq + (depth - 1) * K + rank
-        l_self = tl.load(at).to(tl.float32).to(tl.float64)
-        l_sib = tl.load(at + 1, mask=has_sib, other=0.0).to(tl.float32).to(tl.float64)
-        l_child = tl.load(lq + depth * K, mask=has_child, other=0.0).to(tl.float32).to(tl.float64)
-        # Next sibling (depth, rank + 1): same parent, same ancestors; one unit more at digit `depth`.
-        s_score = tl.where(has_sib, (w_score - l_self) + l_sib, neg_inf)
         digit = depth - 1
         in_key0 = digit < M0
         shift0 = tl.maximum((M0 - 1 - digit) * NB, 0).to(tl.int64)
         shift1 = tl.maximum((L - 1 - digit) * NB + DB, 0).to(tl.int64)
+        s_score = tl.where(has_sib, (w_score - w_own.to(tl.float64)) + w_nxt.to(tl.float64), neg_inf)
         s_key0 = tl.where(has_sib, w_key0 + tl.where(in_key0, one << shift0, 0), empty_key)
         s_key1 = tl.where(has_sib, w_key1 + tl.where(in_key0, 0, one << shift1), empty_key)
-        s_meta = w_meta + (1 << 8)
-        # First child (depth + 1, rank 0): parent is node n, which joins the ancestor set.
-        c_score = tl.where(has_child, w_score + l_child, neg_inf)
+        s_meta = tl.where(has_sib, w_meta + 1, 0)
+        s_nxt = _log_prob(lq, depth, rank + 2, has_sib, L, K)
+        # First child (depth + 1, rank 0): its parent is node n.
+        has_child = more & (depth < L)
+        c_score = tl.where(has_child, w_score + w_kid.to(tl.float64), neg_inf)
         c_key0 = tl.where(has_child, w_key0, empty_key)
         c_key1 = tl.where(has_child, w_key1 + 1, empty_key)
-        c_meta = ((n + 1) << 24) | ((depth + 1) << 16) | free_slot
+        c_meta = tl.where(has_child, ((n + 1) << 16) | ((depth + 1) << 8), 0)
+        c_nxt = _log_prob(lq, depth + 1, 1 + zero_lanes, has_child, L, K)
+        c_kid = _log_prob(lq, depth + 2, zero_lanes, has_child, L, K)
 
-        at_sib = lane == slot
-        at_child = (lane == free_slot) & has_child
-        score = tl.where(at_child, c_score, tl.where(at_sib, s_score, score))
-        key0 = tl.where(at_child, c_key0, tl.where(at_sib, s_key0, key0))
-        key1 = tl.where(at_child, c_key1, tl.where(at_sib, s_key1, key1))
-        meta = tl.where(at_child, c_meta, tl.where(at_sib, s_meta, meta))
-        anc = tl.where(at_child, node_anc, anc)
-        free_slot += has_child.to(tl.int32)
-
-        # n: the better of the two new entries, o: the other one.
+        # a: the newcomer that pops first, b: the other (an absent one is an empty entry).
         sib_first = _first(s_score, s_key0, s_key1, c_score, c_key0, c_key1)
-        n_score, n_key0, n_key1, n_meta, n_anc = _better(s_score, s_key0, s_key1, s_meta, w_anc,
-                                                         c_score, c_key0, c_key1, c_meta, node_anc)
-        o_score = tl.where(sib_first, c_score, s_score)
-        o_key0 = tl.where(sib_first, c_key0, s_key0)
-        o_key1 = tl.where(sib_first, c_key1, s_key1)
-        o_meta = tl.where(sib_first, c_meta, s_meta)
-        o_anc = tl.where(sib_first, node_anc, w_anc)
-        if _first(n_score, n_key0, n_key1, r_score, r_key0, r_key1):
-            w_score, w_key0, w_key1, w_meta, w_anc = n_score, n_key0, n_key1, n_meta, n_anc
-            r_score, r_key0, r_key1, r_meta, r_anc = _better(o_score, o_key0, o_key1, o_meta, o_anc,
-                                                             r_score, r_key0, r_key1, r_meta, r_anc)
-        else:
-            w_score, w_key0, w_key1, w_meta, w_anc = r_score, r_key0, r_key1, r_meta, r_anc
-            others = lane != (r_meta & 255)
-            r_score, r_key0, r_key1, r_meta, r_anc = tl.reduce(
-                (tl.where(others, score, neg_inf), tl.where(others, key0, empty_key),
-                 tl.where(others, key1, empty_key), meta, anc), 0, _better)
+        a = _pick(sib_first, s_score, s_key0, s_key1, s_meta, w_nxt, s_nxt, w_kid,
+                  c_score, c_key0, c_key1, c_meta, w_kid, c_nxt, c_kid)
+        b_ = _pick(sib_first, c_score, c_key0, c_key1, c_meta, w_kid, c_nxt, c_kid,
+                   s_score, s_key0, s_key1, s_meta, w_nxt, s_nxt, w_kid)
+        # Lane j >= 1 moves to j - 1 + (a first) + (b first); lane i reads who lands on it.
+        a_before = _first(a[0], a[1], a[2], score, key0, key1)
+        b_before = _first(b_[0], b_[1], b_[2], score, key0, key1)
+        verdict = a_before.to(tl.int32) + 2 * b_before.to(tl.int32)  # 0, 1 or 3 (b first => a first)
+        v_up = verdict.gather(up, 0)
+        v_down = verdict.gather(down, 0)
+        from_up = (lane + 1 < LANES) & (v_up == 0)
+        from_here = (lane >= 1) & (verdict == 1)
+        from_down = (lane >= 2) & (v_down == 3)
+        moved = from_up | from_here | from_down
+        src = tl.where(from_up, up, tl.where(from_here, lane, down))
+        take_a = (lane == 0) | (verdict == 0)  # a newcomer lands here: `a` unless lane i moved past both
+        new = _pick(take_a, *a, *b_)
+        score = tl.where(moved, score.gather(src, 0), new[0])
+        key0 = tl.where(moved, key0.gather(src, 0), new[1])
+        key1 = tl.where(moved, key1.gather(src, 0), new[2])
+        meta = tl.where(moved, meta.gather(src, 0), new[3])
+        own = tl.where(moved, own.gather(src, 0), new[4])
+        nxt = tl.where(moved, nxt.gather(src, 0), new[5])
+        kid = tl.where(moved, kid.gather(src, 0), new[6])
 
     valid = lane < BUDGET
+    # Ancestor sets by pointer jumping: after j rounds each node holds its ancestors within 2**j.
+    anc = tl.where(valid, one << lane.to(tl.int64), 0)
+    jump = out_parent
+    for _ in range(JUMPS):
+        has = jump >= 0
+        at = tl.where(has, jump, 0)
+        anc = anc | tl.where(has, anc.gather(at, 0), 0)
+        jump = tl.where(has, jump.gather(at, 0), -1)
+
     tokens = tl.load(ids + (out_depth - 1) * K + out_rank, mask=valid, other=0)
     out = b * BUDGET + lane
     tl.store(tok_out + out, tokens.to(tl.int64), mask=valid)
     tl.store(depth_out + out, out_depth.to(tl.int64), mask=valid)
     tl.store(parent_out + out, out_parent.to(tl.int64), mask=valid)
     vis_col = tl.arange(0, LANES)
-    vis = ((out_anc[:, None] >> vis_col[None, :]) & 1) != 0
+    vis = ((anc[:, None] >> vis_col[None, :].to(tl.int64)) & 1) != 0
     vis_offs = b * (BUDGET * BUDGET) + lane[:, None] * BUDGET + vis_col[None, :]
     tl.store(vis_out + vis_offs, vis, mask=valid[:, None] & (vis_col[None, :] < BUDGET))
 
@@ -195,5 +210,6 @@ def build_tree_gpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, bud
         _tree_build_kernel[(bs,)](
             top_log_probs.contiguous(), top_token_ids.contiguous(), tokens, depths, parents, visibility,
             L=depth_limit, K=k, BUDGET=budget, LANES=max(2, triton.next_power_of_2(budget)),
-            L_PAD=triton.next_power_of_2(depth_limit), K_PAD=triton.next_power_of_2(k), NB=digit_bits, M0=first_word, DB=depth_bits, num_warps=1)
+            L_PAD=triton.next_power_of_2(depth_limit), K_PAD=triton.next_power_of_2(k), NB=digit_bits,
+            M0=first_word, DB=depth_bits, JUMPS=(min(depth_limit, budget) - 1).bit_length(), num_warps=1)
     return TreeBatch(tokens, depths, parents, visibility)
