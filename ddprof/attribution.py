@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.errors import DdprofError
-from ddprof.intervals import contains, covered_length, first_cover, segment_of, sorted_unique, union
+from ddprof.intervals import contains, covered_length, first_cover, ranked, segment_of, union, winner_of
 from ddprof.load import DTOH, Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
@@ -65,7 +65,7 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
     """Tie a trace's ranges, marks and GPU ops to steps and stages, and walk the critical path."""
     stage_map = stage_map or StageMap.default()
     dropped = _check_incomplete(trace, stage_map, drop_incomplete)
-    mapped = _in_map(trace.ranges, stage_map).with_columns(
+    mapped = _in_map(trace.flat_ranges, stage_map).with_columns(
         target=pl.col("name").replace_strict(stage_map.ranges, return_dtype=pl.String))
     steps = _steps(trace, stage_map, mapped)
     stage_ranges = _stage_ranges(mapped, steps)
@@ -115,7 +115,7 @@ def _steps(trace: Trace, stage_map: StageMap, mapped: pl.DataFrame) -> pl.DataFr
 
 def _no_steps_message(trace: Trace, stage_map: StageMap) -> str:
     step_names = sorted(name for name, target in stage_map.ranges.items() if target == STEP)
-    domains = sorted({d if d is not None else "<default>" for d in trace.ranges["domain"].unique().to_list()})
+    domains = sorted({d if d is not None else "<default>" for d in trace.flat_ranges["domain"].unique().to_list()})
     found = f"domains with ranges: {', '.join(domains)}" if domains else "the trace has no closed NVTX ranges"
     return (f"{trace.source}: no step ranges ({' or '.join(map(repr, step_names))}) in {stage_map.describe()} "
             f"({found}); for another engine's ranges pass --stage-map FILE")
@@ -259,20 +259,20 @@ def _critical_path(t: _Timeline, host_cover: dict, device_cover: dict) -> tuple[
     stage_or_other = np.append(t.r_stage, _OTHER)
     for pid, tid in t.threads:
         ids = np.flatnonzero((t.step_pid == pid) & (t.step_tid == tid))  # sorted by start, disjoint
-        starts, ends = t.step_start[ids], t.step_end[ids]
         host_bounds, host_winner = host_cover[pid, tid]
         device_bounds, device_stage = device_cover[pid]
-        lo, hi = starts[0], ends[-1]
-        cuts = sorted_unique(np.concatenate([
-            starts, ends, host_bounds[(host_bounds > lo) & (host_bounds < hi)],
-            device_bounds[(device_bounds > lo) & (device_bounds < hi)]]))
-        piece, length = cuts[:-1], np.diff(cuts)
-        k = np.searchsorted(starts, piece, side="right") - 1
-        in_step = (k >= 0) & (piece < ends[np.clip(k, 0, None)])
-        piece, length, step = piece[in_step], length[in_step], ids[k[in_step]]
-        on_device = segment_of(device_bounds, device_stage, piece)
-        on_host = stage_or_other[segment_of(host_bounds, host_winner, piece)]  # -1 picks the trailing `other`
+        step_bounds = np.column_stack([t.step_start[ids], t.step_end[ids]]).ravel()  # sorted
+        cuts, positions = ranked(step_bounds, host_bounds, device_bounds)
+        # How many bounds of each kind lie at or before each cut: which step, host segment and
+        # device segment the piece [cut, next cut) lies in.
+        step_seen, host_seen, device_seen = (np.cumsum(np.bincount(at, minlength=cuts.size))[:-1] for at in positions)
+        in_step = (step_seen & 1).astype(bool)  # after a step's start, not yet past its end
+        piece, length = cuts[:-1][in_step], np.diff(cuts)[in_step]
+        step = ids[step_seen[in_step] >> 1]
+        on_device = winner_of(device_seen[in_step] - 1, device_stage)
+        on_host = stage_or_other[winner_of(host_seen[in_step] - 1, host_winner)]  # -1 picks the trailing `other`
         owner = np.where(on_device >= 0, on_device, on_host)
         crit += t.per_cell(step, owner, length)
         crit_gpu += t.per_cell(step, owner, np.where(on_device >= 0, length, 0))
     return crit, crit_gpu
+

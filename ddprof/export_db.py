@@ -8,19 +8,22 @@ nsys versions add and drop columns and create tables lazily (absent when empty).
 
 from __future__ import annotations
 
-import io
 import os
 import sqlite3
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import adbc_driver_manager
+import adbc_driver_sqlite.dbapi as adbc_sqlite
 import polars as pl
 
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_CHUNK_ROWS = 1_000_000  # rows per CSV chunk: ~60 MB of text, far below SQLite's 1 GB string limit
+_BATCH_ROWS = "65536"  # rows per Arrow batch: fewer chunks than ADBC's 1024, and column types guessed from more rows
+_READERS = 3  # big tables read at once: NVTX events, runtime calls, kernels
 
 
 def resolve_export(path: Path) -> Path:
@@ -68,7 +71,8 @@ class ExportDb:
     def __init__(self, path: Path):
         self.path = Path(path)
         _check_sqlite_file(self.path)
-        self._db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True)
+        self._uri = self.path.resolve().as_uri() + "?mode=ro"
+        self._db = sqlite3.connect(self._uri, uri=True)
         try:
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
         except sqlite3.DatabaseError as exc:
@@ -76,8 +80,10 @@ class ExportDb:
             raise DdprofError(f"{self.path}: unreadable SQLite file ({exc})") from None
         self.tables = {name for (name,) in rows}
         self._columns: dict[str, set[str]] = {}
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="ddprof-read")
 
     def close(self) -> None:
+        self._readers.shutdown(cancel_futures=True)
         self._db.close()
 
     def __enter__(self) -> ExportDb:
@@ -108,29 +114,35 @@ class ExportDb:
         return present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"
 
     def int_frame(self, table: str, columns: dict[str, str], where: str = "1",
-                  nullable: frozenset[str] | set[str] = frozenset()) -> pl.DataFrame:
-        """Integer columns of `table` (output name -> SQL expression over alias `e`) as Int64.
+                  nullable: frozenset[str] | set[str] = frozenset()) -> Future[pl.DataFrame]:
+        """Start reading integer columns of `table` (output name -> SQL expression over alias `e`)
+        as Int64; the future's result is the frame.
 
         Python's sqlite3 builds one object per value, which dominates load time on million-row
-        tables; here SQLite itself prints each chunk of rows as CSV text (printf and group_concat
-        run in C) and polars parses it, which takes markedly less time. `nullable` columns print NULL as an
-        empty field (polars reads null); the others must never be NULL.
+        tables; here the ADBC SQLite driver fills Arrow columns in C and polars takes them as they
+        are, on a thread of its own that runs beside the others (polars releases the GIL while it
+        pulls the Arrow stream). NULL stays null in `nullable` columns and reads as 0 in the others
+        (which must never be NULL); an absent table is an empty frame.
         """
-        schema = {name: pl.Int64 for name in columns}
         if table not in self.tables:
-            return pl.DataFrame(schema=schema)
-        fmt = ",".join("%s" if name in nullable or expr == "NULL" else "%d" for name, expr in columns.items())
-        first, last = self._execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
-        chunks = []
-        for lo in range(first or 0, (last or -1) + 1, _CHUNK_ROWS):
-            text = self._execute(
-                f"SELECT group_concat(printf('{fmt}', {', '.join(columns.values())}), char(10)) "
-                f'FROM "{table}" e WHERE e.rowid BETWEEN ? AND ? AND ({where})',
-                (lo, lo + _CHUNK_ROWS - 1)).fetchone()[0]
-            if text:
-                chunks.append(pl.read_csv(io.BytesIO(text.encode()), has_header=False, new_columns=list(columns),
-                                          schema=schema))
-        return pl.concat(chunks) if chunks else pl.DataFrame(schema=schema)
+            done: Future[pl.DataFrame] = Future()
+            done.set_result(pl.DataFrame(schema={name: pl.Int64 for name in columns}))
+            return done
+        select = ", ".join(f'{expr} AS "{name}"' for name, expr in columns.items())
+        zero_for_null = [name for name, expr in columns.items() if name not in nullable and expr != "NULL"]
+        return self._readers.submit(self._arrow_ints, f'SELECT {select} FROM "{table}" e WHERE {where}',
+                                    list(columns), zero_for_null)
+
+    def _arrow_ints(self, sql: str, names: list[str], zero_for_null: list[str]) -> pl.DataFrame:
+        try:
+            with adbc_sqlite.connect(self._uri) as connection, connection.cursor() as cursor:
+                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": _BATCH_ROWS})
+                cursor.execute(sql)
+                rows = pl.from_arrow(cursor.fetch_arrow())
+        except (adbc_driver_manager.Error, pl.exceptions.PolarsError, OSError) as exc:
+            raise DdprofError(f"{self.path}: unreadable SQLite export ({_one_line(exc)})") from None
+        frame = rows.struct.unnest() if isinstance(rows, pl.Series) else rows
+        return frame.select(pl.col(names).cast(pl.Int64)).with_columns(pl.col(zero_for_null).fill_null(0)).rechunk()
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of a small query (text, reals) as a frame with exactly `schema`."""
@@ -146,3 +158,8 @@ class ExportDb:
     def scalar(self, sql: str):
         row = self._execute(sql).fetchone()
         return row[0] if row else None
+
+
+def _one_line(exc: Exception) -> str:
+    """A driver's message on one line (ADBC appends the query on a second one)."""
+    return " ".join(str(exc).split())

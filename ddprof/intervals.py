@@ -15,13 +15,22 @@ import numpy as np
 _NONE = np.iinfo(np.int64).max
 
 
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """np.unique for int64 boundaries: numpy 2's hash-based unique is ~10x slower than a sort here."""
-    values = np.sort(values)
-    keep = np.empty(values.size, bool)
-    keep[:1] = True
-    np.not_equal(values[1:], values[:-1], out=keep[1:])
-    return values[keep]
+def ranked(*arrays: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The sorted distinct values of all `arrays` together, and each element's index among them.
+
+    One stable argsort: timsort merges the sorted runs that trace columns are made of (starts in
+    order, ends nearly so) in close to linear time, where a sort plus a binary search per element
+    (searchsorted) pays for cache misses on millions of elements.
+    """
+    values = np.concatenate([np.asarray(a, np.int64) for a in arrays])
+    order = np.argsort(values, kind="stable")
+    in_order = values[order]
+    new = np.empty(values.size, bool)
+    new[:1] = True
+    np.not_equal(in_order[1:], in_order[:-1], out=new[1:])
+    index = np.empty(values.size, np.int64)
+    index[order] = np.cumsum(new) - 1
+    return in_order[new], np.split(index, np.cumsum([np.size(a) for a in arrays])[:-1])
 
 
 def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,20 +39,22 @@ def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) ->
     `precedence` lists interval indices best first; the winner of a segment is the covering
     interval that comes first in it, or -1 where no interval covers the segment. Empty intervals
     cover nothing. Each interval's segment range is written into O(log n) tree nodes (a range
-    update) and each segment reads the minimum over its ancestors (a point query).
+    update); then each level of the tree passes its minimum down to the next, so every leaf
+    (segment) ends with the minimum over its ancestors.
     """
     starts = np.asarray(starts, np.int64)
     ends = np.asarray(ends, np.int64)
+    precedence = np.asarray(precedence, np.int64)
     rank = np.empty(starts.size, np.int64)
-    rank[np.asarray(precedence, np.int64)] = np.arange(starts.size)
+    rank[precedence] = np.arange(starts.size)
     keep = np.flatnonzero(ends > starts)
-    bounds = sorted_unique(np.concatenate([starts[keep], ends[keep]]))
+    bounds, (lo, hi) = ranked(starts[keep], ends[keep])
     n = bounds.size - 1
     if n <= 0:
         return bounds, np.full(max(n, 0), -1, np.int64)
 
-    lo = np.searchsorted(bounds, starts[keep]) + n
-    hi = np.searchsorted(bounds, ends[keep]) + n
+    lo += n
+    hi += n
     value = rank[keep]
     nodes, values = [], []
     while lo.size:
@@ -62,23 +73,26 @@ def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) ->
     tree = np.full(2 * n, _NONE, np.int64)
     np.minimum.at(tree, np.concatenate(nodes), np.concatenate(values))
 
-    best = tree[n:].copy()
-    node = np.arange(n, 2 * n) >> 1
-    while node[-1] >= 1:  # the last leaf has the deepest ancestor chain
-        np.minimum(best, tree[node], out=best)
-        node >>= 1
-    order = np.argsort(rank)  # rank -> interval index
-    return bounds, np.where(best == _NONE, -1, order[np.minimum(best, starts.size - 1)])
+    level = 2  # nodes [level, 2 * level) are one tree level; node j's parent is j >> 1
+    while level < 2 * n:
+        below = tree[level:min(2 * level, 2 * n)]
+        np.minimum(below, np.repeat(tree[level >> 1:level], 2)[:below.size], out=below)
+        level <<= 1
+    best = tree[n:]
+    return bounds, np.where(best == _NONE, -1, precedence[np.minimum(best, starts.size - 1)])
 
 
 def segment_of(bounds: np.ndarray, winners: np.ndarray, t: np.ndarray) -> np.ndarray:
     """The winner (from `first_cover`) at each instant in `t`; -1 outside every interval."""
-    t = np.asarray(t, np.int64)
+    return winner_of(np.searchsorted(bounds, np.asarray(t, np.int64), side="right") - 1, winners)
+
+
+def winner_of(segment: np.ndarray, winners: np.ndarray) -> np.ndarray:
+    """The winner of each elementary segment index (from `first_cover`); -1 outside them all."""
     if winners.size == 0:
-        return np.full(t.shape, -1, np.int64)
-    k = np.searchsorted(bounds, t, side="right") - 1
-    inside = (k >= 0) & (k < winners.size)
-    return np.where(inside, winners[np.clip(k, 0, winners.size - 1)], -1)
+        return np.full(np.shape(segment), -1, np.int64)
+    inside = (segment >= 0) & (segment < winners.size)
+    return np.where(inside, winners[np.clip(segment, 0, winners.size - 1)], -1)
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

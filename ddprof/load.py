@@ -9,7 +9,9 @@ union, and the GPU op -> launching runtime call join (same correlationId, same p
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,9 @@ class Trace:
     ranges:     closed NVTX ranges: range_id, start, end, name, domain (null: default domain),
                 pid, tid, depth (ranges of the same thread and domain open when it starts),
                 parent (range_id of the innermost of those, null at depth 0), kind (push_pop|start_end)
+    flat_ranges: the same ranges in no set order, with domain_id (the domain's id within its
+                process) in place of range_id, depth and parent: all the attribution needs, without
+                the sort and sweep that nesting costs (`ranges` is computed from it on first use)
     marks:      NVTX marks: time, name, domain, pid, tid, payload (integer payload or null),
                 payload_float
     incomplete: ranges that cannot be placed on one thread's timeline: start, end, name, domain,
@@ -49,11 +54,20 @@ class Trace:
     """
 
     source: Path
-    ranges: pl.DataFrame
+    flat_ranges: pl.DataFrame
     marks: pl.DataFrame
     incomplete: pl.DataFrame
     gpu_ops: pl.DataFrame
     runtime: pl.DataFrame
+
+    @cached_property
+    def ranges(self) -> pl.DataFrame:
+        preorder = (self.flat_ranges.sort(["pid", "tid", "domain_id", "start", "end"],
+                                          descending=[False, False, False, False, True])
+                    .with_row_index("range_id"))
+        return _with_nesting(preorder).select(
+            pl.col("range_id").cast(pl.Int64), "start", "end", "name", "domain", "pid", "tid", "depth",
+            "parent", "kind")
 
     @property
     def has_gpu_activity(self) -> bool:
@@ -70,10 +84,14 @@ def load(path: Path) -> Trace:
                                   "not an Nsight Systems export")
             raise DdprofError(f"{sqlite_path}: export has no NVTX_EVENTS table: the capture recorded no "
                               "NVTX (profile with --trace=nvtx)")
+        # The big tables are read on background threads while this one runs the small queries.
+        events, calls, ops = _read_nvtx_events(db), _read_runtime_calls(db), _read_gpu_ops(db)
+        rare = _rare_nvtx_values(db)
         strings = _strings(db)
-        ranges, marks, incomplete = _nvtx_frames(db, strings)
-        runtime = _runtime_calls(db, strings)
-        gpu_ops = _gpu_ops(db, runtime, strings)
+        duration = _trace_duration(db)
+        ranges, marks, incomplete = _nvtx_frames(events.result(), rare, strings, duration)
+        runtime = _runtime_calls(calls.result(), strings)
+        gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
@@ -91,106 +109,82 @@ def _named(frame: pl.DataFrame, strings: pl.DataFrame, id_column: str, name: str
             .drop(id_column))
 
 
-def _thread_of(column: str) -> dict[str, str]:
-    """SQL for pid and tid from a serialized globalTid/globalPid (short numbers print faster)."""
-    return {"pid": f"((e.{column} >> 24) & {_ID_SPAN - 1})", "tid": f"(e.{column} & {_ID_SPAN - 1})"}
+def _thread_of(column: str) -> list[pl.Expr]:
+    """pid and tid from a serialized globalTid/globalPid column (split here, not in SQL: cheaper)."""
+    return [(pl.col(column) // _ID_SPAN % _ID_SPAN).alias("pid"), (pl.col(column) % _ID_SPAN).alias("tid")]
 
 
-def _nvtx_frames(db: ExportDb, strings: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
+    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike)."""
     table = "NVTX_EVENTS"
-    has = db.columns(table)
-    range_kinds = ", ".join(map(str, RANGE_TYPES))
-    # Rare columns come by row id, and the row id only when one of them is there: inline
-    # (unregistered) names, float payloads, ends on another thread.
-    inline = _by_row(db, db.col(table, "e", "text"), f"{MARK}, {range_kinds}", pl.String)
-    floats = _by_row(db, db.first_col(table, "e", ("doubleValue", "floatValue")), str(MARK), pl.Float64)
-    ended_elsewhere = _by_row(db, db.col(table, "e", "endGlobalTid"), range_kinds, pl.Int64,
-                              "e.endGlobalTid != e.globalTid")
-    row = {"row": "e.rowid"} if inline.height or floats.height or ended_elsewhere.height else {}
-    ids = {"text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
-           **_thread_of("globalTid")}
-    nullable = {"end", "text_id", "domain_id", "payload"}
-    ranges = db.int_frame(table, {**row, "start": "e.start", "end": db.col(table, "e", "end"),
-                                  "event_type": "e.eventType", **ids},
-                          where=f"e.eventType IN ({range_kinds})", nullable=nullable)
-    marks = db.int_frame(table, {**row, "start": "e.start", **ids, "payload": db.first_col(
-        table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
-                         where=f"e.eventType = {MARK}", nullable=nullable)
-    domains = _domains(db)
-    ranges, marks = (_resolve_names(frame, strings, inline, domains) for frame in (ranges, marks))
+    return db.int_frame(table, {
+        "row": "e.rowid", "start": "e.start", "end": db.col(table, "e", "end"), "event_type": "e.eventType",
+        "text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
+        "global_tid": "e.globalTid",
+        "payload": db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
+        nullable={"end", "text_id", "domain_id", "payload"})
 
-    marks = (marks.join(floats.rename({"value": "payload_float"}), on="row", how="left") if row
-             else marks.with_columns(payload_float=pl.lit(None, pl.Float64)))
-    marks = marks.select(time="start", name="name", domain="domain", pid="pid", tid="tid", payload="payload",
-                         payload_float="payload_float").sort("time")
 
-    trace_end = _trace_end(db)
+def _rare_nvtx_values(db: ExportDb) -> pl.DataFrame:
+    """(row, text, payload_float, ended_elsewhere) of the NVTX events where one of those columns,
+    almost always NULL, is set: inline (unregistered) names, float payloads, ranges that end on
+    another thread. One scan, on this thread, while the background ones read the rest."""
+    table = "NVTX_EVENTS"
+    text, floats = db.col(table, "e", "text"), db.first_col(table, "e", ("doubleValue", "floatValue"))
+    end_tid = db.col(table, "e", "endGlobalTid")
+    ended_elsewhere = f"coalesce({end_tid} != e.globalTid, 0)"
+    found = [f"{value} IS NOT NULL" for value in (text, floats) if value != "NULL"]
+    found += [ended_elsewhere] if end_tid != "NULL" else []
+    schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64, "ended_elsewhere": pl.Boolean}
+    if not found:
+        return pl.DataFrame(schema=schema)
+    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM {table} e WHERE {' OR '.join(found)}",
+                    schema)
+
+
+def _trace_duration(db: ExportDb) -> int | None:
+    """ANALYSIS_DETAILS.duration: nsys 2022.4 writes event times relative to the trace start and
+    the trace's length there."""
+    if "duration" not in db.columns("ANALYSIS_DETAILS"):
+        return None
+    return db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
+
+
+def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame,
+                 duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Closed ranges (flat), marks and incomplete ranges, with names, domains, pid and tid."""
+    # nsys ends ranges still open at the trace's end there; trusted only when every NVTX event lies
+    # within it (on another clock it would mark every range unclosed).
+    latest = events["start"].max()
+    trace_end = duration if duration is not None and latest is not None and latest <= duration else None
+    events = _named(events.with_columns(*_thread_of("global_tid")).drop("global_tid"), strings, "text_id", "name")
+    events = events.with_columns(pl.col("domain_id").fill_null(0))
+    if rare.height:
+        events = (events.join(rare, on="row", how="left")
+                  .with_columns(name=pl.coalesce("text", "name"), ended_elsewhere=pl.col("ended_elsewhere").fill_null(False)))
+    else:
+        events = events.with_columns(payload_float=pl.lit(None, pl.Float64), ended_elsewhere=pl.lit(False))
+    domains = (events.filter(pl.col("event_type") == DOMAIN_CREATE).sort("row")
+               .select("pid", "domain_id", domain="name").unique(["pid", "domain_id"], keep="first", maintain_order=True))
+    events = events.join(domains, on=["pid", "domain_id"], how="left")
+
+    marks = (events.filter(pl.col("event_type") == MARK)
+             .select(time="start", name="name", domain="domain", pid="pid", tid="tid", payload="payload",
+                     payload_float="payload_float").sort("time"))
     unclosed = pl.col("end").is_null()
-    if trace_end is not None:  # nsys closes still-open ranges at the end of the trace
+    if trace_end is not None:
         unclosed = unclosed | (pl.col("end") >= trace_end)
-    cross_thread = pl.col("row").is_in(ended_elsewhere["row"].to_list()) if row else pl.lit(False)
-    ranges = ranges.with_columns(
+    ranges = events.filter(pl.col("event_type").is_in(RANGE_TYPES)).with_columns(
         problem=pl.when(unclosed).then(pl.lit("unclosed"))
-        .when(cross_thread).then(pl.lit("cross-thread"))
+        .when(pl.col("ended_elsewhere")).then(pl.lit("cross-thread"))
         .otherwise(pl.lit(None, dtype=pl.String)))
     incomplete = (ranges.filter(pl.col("problem").is_not_null())
                   .select("start", "end", "name", "domain", "pid", "tid", "problem").sort("start"))
     closed = (ranges.filter(pl.col("problem").is_null())
-              .with_columns(kind=pl.when(pl.col("event_type") == PUSH_POP_RANGE)
-                            .then(pl.lit("push_pop")).otherwise(pl.lit("start_end")))
-              .sort(["pid", "tid", "domain_id", "start", "end"], descending=[False, False, False, False, True])
-              .with_row_index("range_id"))
-    closed = _with_nesting(closed).select(
-        pl.col("range_id").cast(pl.Int64), "start", "end", "name", "domain", "pid", "tid", "depth",
-        "parent", "kind")
+              .select("start", "end", "name", "domain", "domain_id", "pid", "tid",
+                      kind=pl.when(pl.col("event_type") == PUSH_POP_RANGE)
+                      .then(pl.lit("push_pop")).otherwise(pl.lit("start_end"))))
     return closed, marks, incomplete
-
-
-def _by_row(db: ExportDb, value: str, kinds: str, dtype: pl.DataType, condition: str | None = None) -> pl.DataFrame:
-    """(row, value) of the NVTX events of `kinds` where `value` (or `condition`) holds: rare rows."""
-    if value == "NULL":
-        return pl.DataFrame(schema={"row": pl.Int64, "value": dtype})
-    return db.frame(f"SELECT e.rowid, {value} FROM NVTX_EVENTS e WHERE e.eventType IN ({kinds}) "
-                    f"AND {condition or f'{value} IS NOT NULL'}", {"row": pl.Int64, "value": dtype})
-
-
-def _domains(db: ExportDb) -> pl.DataFrame:
-    """(pid, domain_id, domain) from the domain-create events: a domain id means something only
-    within the process that created it."""
-    table = "NVTX_EVENTS"
-    name = db.col(table, "e", "text")
-    join = ""
-    if "textId" in db.columns(table) and "StringIds" in db.tables:
-        name, join = f"coalesce({name}, s.value)", "LEFT JOIN StringIds s ON s.id = e.textId"
-    thread = _thread_of("globalTid")
-    return db.frame(f"SELECT {thread['pid']}, coalesce({db.col(table, 'e', 'domainId')}, 0), {name} "
-                    f"FROM {table} e {join} WHERE e.eventType = {DOMAIN_CREATE}",
-                    {"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String}).unique(
-        ["pid", "domain_id"], keep="first", maintain_order=True)
-
-
-def _resolve_names(events: pl.DataFrame, strings: pl.DataFrame, inline: pl.DataFrame,
-                   domains: pl.DataFrame) -> pl.DataFrame:
-    """Event names (registered string or inline text) and domain names (per process)."""
-    events = _named(events, strings, "text_id", "name").with_columns(pl.col("domain_id").fill_null(0))
-    if "row" in events.columns and inline.height:
-        events = (events.join(inline.rename({"value": "inline_name"}), on="row", how="left")
-                  .with_columns(name=pl.coalesce("inline_name", "name")).drop("inline_name"))
-    return events.join(domains, on=["pid", "domain_id"], how="left")
-
-
-def _trace_end(db: ExportDb) -> int | None:
-    """The trace's end on the event clock: where nsys ends ranges that were never closed.
-
-    nsys 2022.4 writes event times relative to the trace start and the trace's length as
-    ANALYSIS_DETAILS.duration; it is used only when every NVTX event lies within it (on another
-    clock it would mark every range unclosed).
-    """
-    if "duration" not in db.columns("ANALYSIS_DETAILS"):
-        return None
-    duration = db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
-    latest = db.scalar("SELECT max(start) FROM NVTX_EVENTS")
-    return duration if duration is not None and latest is not None and latest <= duration else None
 
 
 def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -229,29 +223,37 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
         parent=pl.when(pl.col("parent") >= 0).then(pl.col("parent")))
 
 
-def _runtime_calls(db: ExportDb, strings: pl.DataFrame) -> pl.DataFrame:
-    calls = db.int_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
-        "start": "e.start", "end": "e.end", **_thread_of("globalTid"), "correlation_id": "e.correlationId",
+def _read_runtime_calls(db: ExportDb) -> Future[pl.DataFrame]:
+    return db.int_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
+        "start": "e.start", "end": "e.end", "global_tid": "e.globalTid", "correlation_id": "e.correlationId",
         "name_id": "e.nameId"})
+
+
+def _runtime_calls(calls: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
     apis = strings.select("string_id", value=pl.col("value").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
+    calls = calls.select("start", "end", *_thread_of("global_tid"), "correlation_id", "name_id")
     return _named(calls, apis, "name_id", "api")
 
 
-def _gpu_ops(db: ExportDb, runtime: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
-    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId",
-              "pid": _thread_of("globalPid")["pid"]}
+def _read_gpu_ops(db: ExportDb) -> tuple[Future[pl.DataFrame], ...]:
+    """Kernels, memcpys and memsets: each with start, end, correlation_id, global_pid and its own column."""
+    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId", "global_pid": "e.globalPid"}
     kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
-    kernels = db.int_frame(kernel, {**common, "name_id": db.first_col(kernel, "e", ("shortName", "demangledName"))},
-                           nullable={"name_id"})
-    copies = db.int_frame(memcpy, {**common, "copy_kind": db.col(memcpy, "e", "copyKind")}, nullable={"copy_kind"})
-    sets = db.int_frame(memset, common)
+    return (db.int_frame(kernel, {**common, "name_id": db.first_col(kernel, "e", ("shortName", "demangledName"))},
+                         nullable={"name_id"}),
+            db.int_frame(memcpy, {**common, "copy_kind": db.col(memcpy, "e", "copyKind")}, nullable={"copy_kind"}),
+            db.int_frame(memset, common))
+
+
+def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, runtime: pl.DataFrame,
+             strings: pl.DataFrame) -> pl.DataFrame:
     label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
     no_copy_kind = pl.lit(None, pl.Int64)
     ops = pl.concat([
         _named(kernels, strings, "name_id", "name").with_columns(kind=pl.lit("kernel"), copy_kind=no_copy_kind),
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
-    ], how="diagonal")
+    ], how="diagonal").with_columns(_thread_of("global_pid")[0])
     # One int64 key (pid, correlationId) joins twice as fast as two columns.
     key = pl.col("pid") * _KEY_SPAN + pl.col("correlation_id")
     launches = runtime.select(key.alias("key"), launch_tid="tid", launch_start="start", launch_api="api")
