@@ -142,7 +142,7 @@ class ExportDb:
         except (adbc_driver_manager.Error, pl.exceptions.PolarsError, OSError) as exc:
             raise DdprofError(f"{self.path}: unreadable SQLite export ({_one_line(exc)})") from None
         frame = rows.struct.unnest() if isinstance(rows, pl.Series) else rows
-        return frame.select(pl.col(names).cast(pl.Int64)).with_columns(pl.col(zero_for_null).fill_null(0)).rechunk()
+        return frame.select(pl.col(names).cast(pl.Int64)).with_columns(pl.col(zero_for_null).fill_null(0))
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of a small query (text, reals) as a frame with exactly `schema`."""

@@ -86,10 +86,10 @@ def load(path: Path) -> Trace:
                               "NVTX (profile with --trace=nvtx)")
         # The big tables are read on background threads while this one runs the small queries.
         events, calls, ops = _read_nvtx_events(db), _read_runtime_calls(db), _read_gpu_ops(db)
-        rare = _rare_nvtx_values(db)
         strings = _strings(db)
         duration = _trace_duration(db)
-        ranges, marks, incomplete = _nvtx_frames(events.result(), rare, strings, duration)
+        events = events.result()
+        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
         runtime = _runtime_calls(calls.result(), strings)
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
@@ -115,31 +115,43 @@ def _thread_of(column: str) -> list[pl.Expr]:
 
 
 def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
-    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike)."""
+    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike);
+    `row` is the row id of the events with a rare value (`_rare_nvtx_values`), null elsewhere."""
     table = "NVTX_EVENTS"
+    rare = _rare_condition(db)
     return db.int_frame(table, {
-        "row": "e.rowid", "start": "e.start", "end": db.col(table, "e", "end"), "event_type": "e.eventType",
-        "text_id": db.col(table, "e", "textId"), "domain_id": db.col(table, "e", "domainId"),
-        "global_tid": "e.globalTid",
+        "row": f"CASE WHEN {rare} THEN e.rowid END" if rare else "NULL", "start": "e.start",
+        "end": db.col(table, "e", "end"), "event_type": "e.eventType", "text_id": db.col(table, "e", "textId"),
+        "domain_id": db.col(table, "e", "domainId"), "global_tid": "e.globalTid",
         "payload": db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
-        nullable={"end", "text_id", "domain_id", "payload"})
+        nullable={"row", "end", "text_id", "domain_id", "payload"})
 
 
-def _rare_nvtx_values(db: ExportDb) -> pl.DataFrame:
-    """(row, text, payload_float, ended_elsewhere) of the NVTX events where one of those columns,
-    almost always NULL, is set: inline (unregistered) names, float payloads, ranges that end on
-    another thread. One scan, on this thread, while the background ones read the rest."""
+def _rare_columns(db: ExportDb) -> tuple[str, str, str]:
+    """SQL for the NVTX values that are almost always NULL: inline (unregistered) name, float
+    payload, and whether a range ends on another thread."""
     table = "NVTX_EVENTS"
-    text, floats = db.col(table, "e", "text"), db.first_col(table, "e", ("doubleValue", "floatValue"))
-    end_tid = db.col(table, "e", "endGlobalTid")
-    ended_elsewhere = f"coalesce({end_tid} != e.globalTid, 0)"
+    ended_elsewhere = f"coalesce({db.col(table, 'e', 'endGlobalTid')} != e.globalTid, 0)"
+    return db.col(table, "e", "text"), db.first_col(table, "e", ("doubleValue", "floatValue")), ended_elsewhere
+
+
+def _rare_condition(db: ExportDb) -> str | None:
+    """SQL that holds on the events with a rare value (None when the export has none of those columns)."""
+    text, floats, ended_elsewhere = _rare_columns(db)
     found = [f"{value} IS NOT NULL" for value in (text, floats) if value != "NULL"]
-    found += [ended_elsewhere] if end_tid != "NULL" else []
+    found += [ended_elsewhere] if "endGlobalTid" in db.columns("NVTX_EVENTS") else []
+    return " OR ".join(found) or None
+
+
+def _rare_nvtx_values(db: ExportDb, events: pl.DataFrame) -> pl.DataFrame:
+    """(row, text, payload_float, ended_elsewhere) of the events with a rare value: a second scan,
+    only when the first one found such events."""
     schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64, "ended_elsewhere": pl.Boolean}
-    if not found:
+    if events["row"].null_count() == events.height:
         return pl.DataFrame(schema=schema)
-    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM {table} e WHERE {' OR '.join(found)}",
-                    schema)
+    text, floats, ended_elsewhere = _rare_columns(db)
+    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM NVTX_EVENTS e "
+                    f"WHERE {_rare_condition(db)}", schema)
 
 
 def _trace_duration(db: ExportDb) -> int | None:
@@ -157,24 +169,30 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
     # within it (on another clock it would mark every range unclosed).
     latest = events["start"].max()
     trace_end = duration if duration is not None and latest is not None and latest <= duration else None
-    events = _named(events.with_columns(*_thread_of("global_tid")).drop("global_tid"), strings, "text_id", "name")
-    events = events.with_columns(pl.col("domain_id").fill_null(0))
-    if rare.height:
-        events = (events.join(rare, on="row", how="left")
-                  .with_columns(name=pl.coalesce("text", "name"), ended_elsewhere=pl.col("ended_elsewhere").fill_null(False)))
-    else:
-        events = events.with_columns(payload_float=pl.lit(None, pl.Float64), ended_elsewhere=pl.lit(False))
-    domains = (events.filter(pl.col("event_type") == DOMAIN_CREATE).sort("row")
-               .select("pid", "domain_id", domain="name").unique(["pid", "domain_id"], keep="first", maintain_order=True))
-    events = events.join(domains, on=["pid", "domain_id"], how="left")
 
-    marks = (events.filter(pl.col("event_type") == MARK)
+    def resolved(kinds: tuple[int, ...]) -> pl.LazyFrame:
+        """Events of `kinds` in scan order with pid, tid, name (registered string or inline
+        text), domain_id (0: the default domain) and their rare values."""
+        frame = (events.lazy().filter(pl.col("event_type").is_in(kinds))
+                 .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0))
+                 .join(strings.lazy().rename({"string_id": "text_id", "value": "name"}), on="text_id", how="left",
+                       maintain_order="left"))
+        if not rare.height:
+            return frame.with_columns(payload_float=pl.lit(None, pl.Float64), ended_elsewhere=pl.lit(False))
+        return (frame.join(rare.lazy(), on="row", how="left", maintain_order="left")
+                .with_columns(name=pl.coalesce("text", "name"), ended_elsewhere=pl.col("ended_elsewhere").fill_null(False)))
+
+    # A domain id means something only within the process that created it; the first creation counts.
+    domains = (resolved((DOMAIN_CREATE,)).select("pid", "domain_id", domain="name")
+               .unique(["pid", "domain_id"], keep="first", maintain_order=True))
+    named = resolved((MARK, *RANGE_TYPES)).join(domains, on=["pid", "domain_id"], how="left")
+    marks = (named.filter(pl.col("event_type") == MARK)
              .select(time="start", name="name", domain="domain", pid="pid", tid="tid", payload="payload",
                      payload_float="payload_float").sort("time"))
     unclosed = pl.col("end").is_null()
     if trace_end is not None:
         unclosed = unclosed | (pl.col("end") >= trace_end)
-    ranges = events.filter(pl.col("event_type").is_in(RANGE_TYPES)).with_columns(
+    ranges = named.filter(pl.col("event_type") != MARK).with_columns(
         problem=pl.when(unclosed).then(pl.lit("unclosed"))
         .when(pl.col("ended_elsewhere")).then(pl.lit("cross-thread"))
         .otherwise(pl.lit(None, dtype=pl.String)))
@@ -184,6 +202,7 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
               .select("start", "end", "name", "domain", "domain_id", "pid", "tid",
                       kind=pl.when(pl.col("event_type") == PUSH_POP_RANGE)
                       .then(pl.lit("push_pop")).otherwise(pl.lit("start_end"))))
+    closed, marks, incomplete = pl.collect_all([closed, marks, incomplete])
     return closed, marks, incomplete
 
 
