@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.errors import DdprofError
-from ddprof.intervals import contains, covered_length, first_cover, ranked, segment_of, union, winner_of
+from ddprof.intervals import covered_length, first_cover, ranked, segment_of, union, winner_of
 from ddprof.load import DTOH, Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
@@ -231,11 +231,28 @@ def _launches_and_waits(t: _Timeline):
         hit = at_launch >= 0
         op_stage[launched[hit]] = t.r_stage[at_launch[hit]]
         op_step[launched[hit]] = t.r_step[at_launch[hit]]
-        for code in range(len(STAGES)):  # an op counts for every stage with a range around its launch
-            of_stage = mine[t.r_stage[mine] == code]
-            inside = launched[contains(*union(t.r_start[of_stage], t.r_end[of_stage]), t.o_launch[launched])]
-            gpu += t.per_cell(op_step[inside], np.full(inside.size, code), t.o_end[inside] - t.o_start[inside])
+        code, inside = _open_stages_at(t.o_launch[launched], t.r_start[mine], t.r_end[mine], t.r_stage[mine])
+        inside = launched[inside]  # an op counts for every stage with a range around its launch
+        gpu += t.per_cell(op_step[inside], code, t.o_end[inside] - t.o_start[inside])
     return host_cover, op_stage, op_step, wait, gpu
+
+
+def _open_stages_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                    stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(stage, index into `times`) for every stage with a range [start, end) around a time.
+
+    Each range's bounds are located among the sorted times (a binary search per range, not per
+    time) and counted per stage; a running sum over the times then says how many ranges of each
+    stage are open at each one.
+    """
+    by_time = np.argsort(times, kind="stable")
+    width = times.size + 1
+    first_in = stages * width + np.searchsorted(times[by_time], starts)
+    first_out = stages * width + np.searchsorted(times[by_time], ends)
+    cells = len(STAGES) * width
+    opened = np.bincount(first_in, minlength=cells) - np.bincount(first_out, minlength=cells)
+    code, k = np.nonzero(np.cumsum(opened.reshape(len(STAGES), width), axis=1)[:, :-1] > 0)
+    return code, by_time[k]
 
 
 def _device_covers(t: _Timeline, op_stage: np.ndarray) -> dict:

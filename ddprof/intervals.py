@@ -110,15 +110,6 @@ def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return starts[first], reach[last]
 
 
-def contains(piece_starts: np.ndarray, piece_ends: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Whether each instant in `t` lies inside the disjoint sorted pieces."""
-    t = np.asarray(t, np.int64)
-    if piece_starts.size == 0:
-        return np.zeros(t.shape, bool)
-    k = np.searchsorted(piece_starts, t, side="right") - 1
-    return (k >= 0) & (t < piece_ends[np.clip(k, 0, None)])
-
-
 def covered_length(piece_starts: np.ndarray, piece_ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Length of [a, b) covered by the disjoint sorted pieces, for each query pair."""
     if piece_starts.size == 0:
