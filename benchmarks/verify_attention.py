@@ -36,7 +36,7 @@ PREFIXES = (1024, 4096, 16384, 32768)
 BATCHES = (1, 8, 64)
 BUDGETS = (0, 8, 16, 32)
 # Kernel configurations tried once per mode (decode / verify) before the table: (block_n, warps, stages).
-CONFIGS = ((64, 8, 2), (32, 8, 3), (32, 8, 2), (64, 8, 1), (16, 8, 4))
+CONFIGS = ((64, 8, 2), (32, 8, 3), (32, 8, 2), (64, 8, 1), (128, 8, 1))
 
 
 def ceilings() -> dict:

@@ -14,10 +14,6 @@ the batch: verify and plain decode of the same path do the same arithmetic. Kern
 without multiply-add contraction so that arithmetic cannot differ between compilations either
 (e.g. for T = 1 and T = 1 + budget).
 
-Per chunk, q.k is split between the two warpgroups by key columns; the probabilities reach the p.v
-product (each warpgroup: half of the 512 value columns) through a per-program scratch slab (see
-`_attend_chunk`), which leaves all of the above unchanged.
-
 Long prefixes: the key range of every query is cut into `num_splits` equal parts (rounded to
 whole chunks), each a program; a second kernel merges the partial softmax states in split order.
 The split count is an argument: the same count gives the same bits whatever the batch.
@@ -27,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -40,72 +35,28 @@ BLOCK_H_COMBINE = 16
 
 
 @triton.jit
-def _cta_barrier(anchor):
-    """bar.sync for the whole program, returning 0: adding it to an address orders a load after it.
-
-    Unlike `tl.debug_barrier`, it leaves the loop's software pipelining (async row copies) intact."""
-    return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r,r", [anchor], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _reload(ptrs, like, EXCHANGE: tl.constexpr):
-    """Read back what this program just stored at `ptrs` (see `_attend_chunk`); `like` in the interpreter."""
-    if EXCHANGE:
-        if like.dtype == tl.float32:
-            return tl.inline_asm_elementwise("ld.global.f32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32,
-                                             is_pure=False, pack=1)
-        return tl.inline_asm_elementwise("ld.global.b16 $0, [$1];", "=h,l", [ptrs], dtype=like.dtype,
-                                         is_pure=False, pack=1)
-    return like
-
-
-@triton.jit
-def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale, p_slab, alpha_slab,
-                  DV: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PRECISION: tl.constexpr, EXCHANGE: tl.constexpr):
-    """One chunk of online softmax (base 2) for all heads of one query.
-
-    Why the probabilities and the rescale factors take a round trip through this program's slab of
-    global scratch (EXCHANGE): Triton gives a dot whose result flows into another dot all warps along
-    the rows, and with 64 rows (one per head) two warpgroups then both compute the whole 64-row
-    q.k product: 1.5x the tensor-core work. Passing p and alpha through memory (behind a CTA barrier)
-    cuts that data flow, so q.k is split between the warpgroups by key columns. Bits are the same
-    either way for a given build; the interpreter (no inline asm) uses the values directly.
-    """
+def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale,
+                  DV: tl.constexpr, DR: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk of online softmax (base 2) for all heads of one query."""
     k_nope = tl.load(row_ptrs[:, None] + tl.arange(0, DV)[None, :], mask=valid[:, None], other=0.0)
     k_rope = tl.load(row_ptrs[:, None] + DV + tl.arange(0, DR)[None, :], mask=valid[:, None], other=0.0)
-    # Two separate products (not one accumulating into the other), for the same data-flow reason.
-    s = (tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION) * qk_scale
-         + tl.dot(q_rope, tl.trans(k_rope), input_precision=PRECISION) * qk_scale)
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.dot(q_nope, tl.trans(k_nope), input_precision=PRECISION)
+    s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None]).to(k_nope.dtype)
-    l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
-    heads = tl.arange(0, BLOCK_H)
-    p_ptrs = p_slab + heads[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    alpha_ptrs = alpha_slab + heads
-    if EXCHANGE:
-        tl.store(p_ptrs, p)
-        tl.store(alpha_ptrs, alpha)
-        after = _cta_barrier(tl.program_id(0))
-        p_ptrs += after
-        alpha_ptrs += after
-    p = _reload(p_ptrs, p, EXCHANGE)
-    alpha = _reload(alpha_ptrs, alpha, EXCHANGE)
-    acc = acc * alpha[:, None] + tl.dot(p, k_nope, input_precision=PRECISION)
-    if EXCHANGE:
-        _cta_barrier(tl.program_id(0))  # every warp has read the slab before the next chunk overwrites it
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k_nope.dtype), k_nope, input_precision=PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
-                        p_scratch_ptr, alpha_scratch_ptr, max_len, qk_scale,
+                        max_len, qk_scale,
                         T: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr, DV: tl.constexpr,
                         DR: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, EXCHANGE: tl.constexpr):
+                        NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
     query = tl.program_id(0).to(tl.int64)  # b * T + t
     split = tl.program_id(1)
     b = query // T
@@ -135,14 +86,10 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     offs = tl.arange(0, BLOCK_N)
-    program = query * NUM_SPLITS + split
-    p_slab = p_scratch_ptr + program * BLOCK_H * BLOCK_N
-    alpha_slab = alpha_scratch_ptr + program * BLOCK_H
     for start in range(lo, tl.minimum(hi, tail_start), BLOCK_N):
         pos = start + offs
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + pos.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, p_slab, alpha_slab,
-                                      DV, DR, BLOCK_H, BLOCK_N, PRECISION, EXCHANGE)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
     for start in range(tl.maximum(lo, tail_start), hi, BLOCK_N):
         pos = start + offs
         # Virtual position prefix + k holds the (k+1)-th visible block column: gather its row.
@@ -155,8 +102,7 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
             col = tl.where((is_visible != 0) & (nth == seen), j, col)
         rows = tl.where(pos < prefix, pos, prefix + col)
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + rows.to(tl.int64) * D, pos < hi,
-                                      m_i, l_i, acc, qk_scale, p_slab, alpha_slab,
-                                      DV, DR, BLOCK_H, BLOCK_N, PRECISION, EXCHANGE)
+                                      m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
 
     dv = tl.arange(0, DV)
     if NUM_SPLITS == 1:
@@ -253,17 +199,12 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
     else:
         ws_acc = ws_m = ws_l = out  # unused
     precision = "ieee" if kv.dtype == torch.float32 else "tf32"
-    block_h = max(16, triton.next_power_of_2(H))
-    exchange = os.environ.get("TRITON_INTERPRET") != "1"  # inline asm: compiled kernels only
-    programs = bs * T * splits
-    p_scratch = torch.empty(programs * block_h * block_n if exchange else 1, dtype=kv.dtype, device=q.device)
-    alpha_scratch = torch.empty(programs * block_h if exchange else 1, dtype=torch.float32, device=q.device)
     _tree_verify_kernel[(bs * T, splits)](
         q.contiguous(), kv.contiguous(), slots.contiguous(), prefix_lens.contiguous(), tree_mask.contiguous(),
-        out, ws_acc, ws_m, ws_l, p_scratch, alpha_scratch, kv.shape[1], scale * math.log2(math.e),
-        T=T, H=H, BLOCK_H=block_h, DV=v_dim, DR=rope,
+        out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
+        T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
         T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits, PRECISION=precision,
-        EXCHANGE=exchange, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
     if splits > 1:
         _combine_splits_kernel[(bs * T, triton.cdiv(H, BLOCK_H_COMBINE))](
             ws_acc, ws_m, ws_l, out, H=H, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
