@@ -49,7 +49,7 @@ def assert_same_tree(lq, ids, budget):
 
 
 @pytest.mark.parametrize("make", [drafter_topk, tied_topk, rounding_topk])
-@pytest.mark.parametrize("depth,k,budget", [(4, 4, 30), (15, 8, 8), (6, 16, 16), (1, 4, 3)])
+@pytest.mark.parametrize("depth,k,budget", [(4, 4, 30), (15, 8, 8), (6, 16, 16), (1, 4, 3), (5, 12, 40)])
 def test_matches_cpu_heapq_float32(make, depth, k, budget):
     gen = torch.Generator().manual_seed(depth * 1000 + k * 10 + budget)
     lq, ids = make(3, depth, k, gen)
@@ -86,14 +86,16 @@ def test_impossible_budget_is_refused(budget):
         build_tree_gpu(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.int64), budget)
 
 
-def test_budget_above_kernel_limit_is_refused():
-    with pytest.raises(ValueError, match="budget <= 64"):
-        build_tree_gpu(torch.zeros(8, 16), torch.zeros(8, 16, dtype=torch.int64), 65)
+@pytest.mark.parametrize("depth,budget", [(16, 48), (40, 32), (8, 64)])
+def test_budget_above_kernel_limit_is_refused(depth, budget):
+    # Rank-path keys are one int64: budget + min(L, budget) must be <= 63 (48 at L = 15 is the most).
+    with pytest.raises(ValueError, match=r"budget \+ min\(L, budget\) <= 63"):
+        build_tree_gpu(torch.zeros(depth, 16), torch.zeros(depth, 16, dtype=torch.int64), budget)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("make", [drafter_topk, tied_topk, rounding_topk])
-@pytest.mark.parametrize("budget", [8, 16, 32, 64])
+@pytest.mark.parametrize("budget", [8, 16, 32, 48])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_cpu_heapq_engine_sizes_on_gpu(make, budget, dtype):
     gen = torch.Generator().manual_seed(budget)
