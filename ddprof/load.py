@@ -30,6 +30,7 @@ DTOH = 2
 
 _ID_SPAN = 1 << 24  # globalTid packs pid and tid in 24-bit fields
 _KEY_SPAN = 1 << 32  # correlation ids are 32-bit
+_LOOKUP_SHARE = 8  # rare NVTX values are looked up by row id when at most 1 event in this many has one
 
 
 @dataclass(frozen=True)
@@ -144,14 +145,20 @@ def _rare_condition(db: ExportDb) -> str | None:
 
 
 def _rare_nvtx_values(db: ExportDb, events: pl.DataFrame) -> pl.DataFrame:
-    """(row, text, payload_float, ended_elsewhere) of the events with a rare value: a second scan,
-    only when the first one found such events."""
+    """(row, text, payload_float, ended_elsewhere) of the events with a rare value, only when the
+    first pass found such events: looked up by row id when they are few (every export has a few,
+    the domain creations with their inline names), a second scan when they are many (a lookup
+    costs several times a scanned row)."""
     schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64, "ended_elsewhere": pl.Boolean}
-    if events["row"].null_count() == events.height:
+    rows = events["row"].drop_nulls()
+    if rows.is_empty():
         return pl.DataFrame(schema=schema)
     text, floats, ended_elsewhere = _rare_columns(db)
-    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM NVTX_EVENTS e "
-                    f"WHERE {_rare_condition(db)}", schema)
+    if rows.len() * _LOOKUP_SHARE <= events.height:
+        where = f"e.rowid IN ({','.join(map(str, rows.to_list()))})"
+    else:
+        where = _rare_condition(db)
+    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM NVTX_EVENTS e WHERE {where}", schema)
 
 
 def _trace_duration(db: ExportDb) -> int | None:

@@ -165,3 +165,17 @@ def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, make, message)
     with pytest.raises(DdprofError, match=message) as caught:
         load(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("inline_every", [1, 2, 40])
+def test_inline_names_load_whether_looked_up_by_row_or_scanned(tmp_path, inline_every):
+    # Few events with inline values are looked up by row id, many by a second scan: same frames.
+    export = Export()
+    names = [f"r{i}" for i in range(80)]
+    for i, name in enumerate(names):
+        export.range(name, 10 * i, 10 * i + 5, registered=i % inline_every != 0)
+    export.range("elsewhere", 900, 950, start_end=True, end_tid=2)
+    trace = load(export.write(tmp_path / "run.sqlite"))
+    assert trace.ranges.sort("start")["name"].to_list() == names
+    assert trace.ranges["domain"].unique().to_list() == [DOMAIN]
+    assert trace.incomplete.select("name", "problem").rows() == [("elsewhere", "cross-thread")]
