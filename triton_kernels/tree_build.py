@@ -24,10 +24,10 @@ one more bit (at the path's length - 1) and a child two (10 at its length). A pa
 pop has sum(r_i + 1) <= budget, so keys need budget + min(L, budget) <= 63 bits. An entry also
 carries its own log-prob and the two it will need when popped (next sibling's, first child's).
 
-Measured alternatives that were slower on the H200 (benchmarks/tree_build.py's points): one warp
-reduction over an unsorted heap per pop (the first version, 14 us at bs 64, budget 32: the batch
-waits for its slowest request), a popped entry kept outside the lanes, float64 log-probs in the
-entries. The cost is the instruction count of a pop (about 2.4 cycles each), not memory.
+Tried on the H200 and slower: one warp reduction over an unsorted heap per pop (the first
+version: the batch waits for its slowest request), the entry to pop kept outside the lanes (a
+shorter dependency chain but more instructions), float64 log-probs in the entries. A pop's cost
+is its instruction count and latency chain, not memory: keep both short.
 """
 
 from __future__ import annotations
