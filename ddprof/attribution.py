@@ -29,6 +29,7 @@ from engine.stages import STAGES, STEP
 OTHER = "other"
 OWNERS = (*STAGES, OTHER)  # who can own a nanosecond of a step; index = owner code
 _OTHER = len(STAGES)
+_THREAD_SPAN = 1 << 24  # tids are 24-bit: pid * span + tid orders threads as (pid, tid) does
 
 # Runtime calls during which the host thread waits for the GPU.
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -184,6 +185,13 @@ class _Timeline:
         self.s_start, self.s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
         self.s_pid, self.s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
         self.threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
+        # Stage ranges come sorted by (pid, tid, start): each thread's are one slice.
+        self._r_thread = self.r_pid * _THREAD_SPAN + self.r_tid
+
+    def ranges_of(self, pid: int, tid: int) -> slice:
+        """The stage ranges of one thread, as a slice of the r_* columns."""
+        key = pid * _THREAD_SPAN + tid
+        return slice(int(np.searchsorted(self._r_thread, key)), int(np.searchsorted(self._r_thread, key, "right")))
 
     def per_cell(self, step: np.ndarray, owner: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """Sums (or counts) over (step, owner) cells, flattened step-major."""
@@ -216,43 +224,59 @@ def _launches_and_waits(t: _Timeline):
     op_stage = np.full(t.o_start.size, -1, np.int64)
     op_step = np.full(t.o_start.size, -1, np.int64)
     wait = np.zeros(t.r_start.size, np.int64)
-    gpu = np.zeros(t.n_steps * len(OWNERS))
+    gpu = np.zeros(t.n_steps * len(OWNERS), np.int64)
     host_cover = {}
     for pid, tid in t.threads:
-        mine = np.flatnonzero((t.r_pid == pid) & (t.r_tid == tid))
-        bounds, winner = first_cover(t.r_start[mine], t.r_end[mine], np.lexsort((t.r_end[mine], -t.r_start[mine])))
-        winner = np.where(winner >= 0, mine[winner], -1)  # latest-started covering range, as a row
+        mine = t.ranges_of(pid, tid)
+        starts, ends = t.r_start[mine], t.r_end[mine]
+        bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
+        winner = np.where(winner >= 0, winner + mine.start, -1)  # latest-started covering range, as a row
         host_cover[pid, tid] = (bounds, winner)
         here = (t.s_pid == pid) & (t.s_tid == tid)
-        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), t.r_start[mine], t.r_end[mine])
+        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), starts, ends)
 
         launched = np.flatnonzero((t.o_pid == pid) & (t.o_tid == tid))
         at_launch = segment_of(bounds, winner, t.o_launch[launched])
         hit = at_launch >= 0
         op_stage[launched[hit]] = t.r_stage[at_launch[hit]]
         op_step[launched[hit]] = t.r_step[at_launch[hit]]
-        code, inside = _open_stages_at(t.o_launch[launched], t.r_start[mine], t.r_end[mine], t.r_stage[mine])
-        inside = launched[inside]  # an op counts for every stage with a range around its launch
-        gpu += t.per_cell(op_step[inside], code, t.o_end[inside] - t.o_start[inside])
+        cells, ns = _gpu_ns_per_stage(t, mine, launched)
+        np.add.at(gpu, cells, ns)
     return host_cover, op_stage, op_step, wait, gpu
 
 
-def _open_stages_at(times: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                    stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(stage, index into `times`) for every stage with a range [start, end) around a time.
+def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cell, ns): the GPU time of the ops launched inside each stage's ranges on one thread,
+    where an op counts once for every stage with a range around its launch.
 
-    Each range's bounds are located among the sorted times (a binary search per range, not per
-    time) and counted per stage; a running sum over the times then says how many ranges of each
-    stage are open at each one.
+    A stage's overlapping ranges are merged first (an op inside two nested ranges of one stage
+    counts once); each merged piece sums the durations of the ops launched in it as a difference
+    of running sums over the ops in launch order. A piece never spans two steps (ranges lie inside
+    their step, and touching ranges are not merged), so it counts for the step of its ranges.
     """
-    by_time = np.argsort(times, kind="stable")
-    width = times.size + 1
-    first_in = stages * width + np.searchsorted(times[by_time], starts)
-    first_out = stages * width + np.searchsorted(times[by_time], ends)
-    cells = len(STAGES) * width
-    opened = np.bincount(first_in, minlength=cells) - np.bincount(first_out, minlength=cells)
-    code, k = np.nonzero(np.cumsum(opened.reshape(len(STAGES), width), axis=1)[:, :-1] > 0)
-    return code, by_time[k]
+    launch = t.o_launch[launched]
+    by_launch = np.argsort(launch, kind="stable")
+    launch = launch[by_launch]
+    ns_before = np.concatenate([[0], np.cumsum((t.o_end[launched] - t.o_start[launched])[by_launch])])
+    stages = t.r_stage[mine]
+    by_stage = np.argsort(stages, kind="stable")  # start order kept within a stage
+    first_of_stage = np.searchsorted(stages[by_stage], np.arange(len(STAGES) + 1))
+    cells, ns = [], []
+    for stage in range(len(STAGES)):
+        rows = by_stage[first_of_stage[stage]:first_of_stage[stage + 1]]
+        if rows.size == 0:
+            continue
+        starts, ends = t.r_start[mine][rows], t.r_end[mine][rows]
+        reach = np.maximum.accumulate(ends)
+        first = np.flatnonzero(np.concatenate([[True], starts[1:] >= reach[:-1]]))
+        last = np.append(first[1:], rows.size) - 1
+        lo = np.searchsorted(launch, starts[first])
+        hi = np.searchsorted(launch, reach[last])
+        cells.append(t.r_step[mine][rows[first]] * len(OWNERS) + stage)
+        ns.append(ns_before[hi] - ns_before[lo])
+    if not cells:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(cells), np.concatenate(ns)
 
 
 def _device_covers(t: _Timeline, op_stage: np.ndarray) -> dict:

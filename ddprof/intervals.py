@@ -88,11 +88,12 @@ def segment_of(bounds: np.ndarray, winners: np.ndarray, t: np.ndarray) -> np.nda
 
 
 def winner_of(segment: np.ndarray, winners: np.ndarray) -> np.ndarray:
-    """The winner of each elementary segment index (from `first_cover`); -1 outside them all."""
-    if winners.size == 0:
-        return np.full(np.shape(segment), -1, np.int64)
-    inside = (segment >= 0) & (segment < winners.size)
-    return np.where(inside, winners[np.clip(segment, 0, winners.size - 1)], -1)
+    """The winner of each elementary segment index (from `first_cover`); -1 outside them all.
+
+    Indices run from -1 (before the first boundary) to len(winners) (after the last): one -1
+    appended to `winners` answers both, so each lookup is a single gather.
+    """
+    return np.append(np.asarray(winners, np.int64), -1)[segment]
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

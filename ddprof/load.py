@@ -85,14 +85,15 @@ def load(path: Path) -> Trace:
                                   "not an Nsight Systems export")
             raise DdprofError(f"{sqlite_path}: export has no NVTX_EVENTS table: the capture recorded no "
                               "NVTX (profile with --trace=nvtx)")
-        # The big tables are read on background threads while this one runs the small queries.
+        # The big tables are read on background threads while this one runs the small queries; the
+        # GPU side (the smaller reads) is built while NVTX_EVENTS is still being read.
         events, calls, ops = _read_nvtx_events(db), _read_runtime_calls(db), _read_gpu_ops(db)
         strings = _strings(db)
         duration = _trace_duration(db)
-        events = events.result()
-        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
         runtime = _runtime_calls(calls.result(), strings)
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
+        events = events.result()
+        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
@@ -104,10 +105,11 @@ def _strings(db: ExportDb) -> pl.DataFrame:
     return db.frame("SELECT id, value FROM StringIds", schema)
 
 
-def _named(frame: pl.DataFrame, strings: pl.DataFrame, id_column: str, name: str) -> pl.DataFrame:
-    """Replace the string-id column `id_column` by its text, as column `name`."""
-    return (frame.join(strings.rename({"string_id": id_column, "value": name}), on=id_column, how="left")
-            .drop(id_column))
+def _text_of(id_column: str, strings: pl.DataFrame) -> pl.Expr:
+    """The text of the string ids in `id_column` (null where absent): a lookup that makes one
+    column, where a join would copy every other column of a million-row frame."""
+    return pl.col(id_column).replace_strict(strings["string_id"], strings["value"], default=None,
+                                            return_dtype=pl.String)
 
 
 def _thread_of(column: str) -> list[pl.Expr]:
@@ -257,8 +259,7 @@ def _read_runtime_calls(db: ExportDb) -> Future[pl.DataFrame]:
 
 def _runtime_calls(calls: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
     apis = strings.select("string_id", value=pl.col("value").str.replace(r"(_ptsz|_ptds)?(_v\d+)?$", ""))
-    calls = calls.select("start", "end", *_thread_of("global_tid"), "correlation_id", "name_id")
-    return _named(calls, apis, "name_id", "api")
+    return calls.select("start", "end", *_thread_of("global_tid"), "correlation_id", api=_text_of("name_id", apis))
 
 
 def _read_gpu_ops(db: ExportDb) -> tuple[Future[pl.DataFrame], ...]:
@@ -276,16 +277,26 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
     label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
     no_copy_kind = pl.lit(None, pl.Int64)
     ops = pl.concat([
-        _named(kernels, strings, "name_id", "name").with_columns(kind=pl.lit("kernel"), copy_kind=no_copy_kind),
+        kernels.select(pl.exclude("name_id"), name=_text_of("name_id", strings), kind=pl.lit("kernel"),
+                       copy_kind=no_copy_kind),
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
     ], how="diagonal").with_columns(_thread_of("global_pid")[0])
     # One int64 key (pid, correlationId) joins twice as fast as two columns.
     key = pl.col("pid") * _KEY_SPAN + pl.col("correlation_id")
-    launches = runtime.select(key.alias("key"), launch_tid="tid", launch_start="start", launch_api="api")
-    joined = ops.with_columns(key.alias("key")).join(launches, on="key", how="left")
+    ops = _flag_sorted(ops.with_columns(key.alias("key")), "key")
+    launches = _flag_sorted(runtime.select(key.alias("key"), launch_tid="tid", launch_start="start",
+                                           launch_api="api"), "key")
+    joined = ops.join(launches, on="key", how="left")
     if joined.height != ops.height:  # a correlationId on two runtime calls: keep the first
-        joined = ops.with_columns(key.alias("key")).join(launches.unique("key", keep="first"), on="key", how="left")
-    return (joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
-                          "launch_tid", "launch_start", "launch_api")
-            .sort("start"))
+        joined = ops.join(launches.unique("key", keep="first", maintain_order=True), on="key", how="left")
+    joined = joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
+                           "launch_tid", "launch_start", "launch_api")
+    return joined if joined["start"].is_sorted() else joined.sort("start")
+
+
+def _flag_sorted(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    """Mark `column` sorted when it is (checked, in one pass): a single-process capture lists its
+    runtime calls and often its GPU ops in correlation order, and polars joins two sorted keys by
+    merging them, several times faster than by hashing."""
+    return frame.with_columns(pl.col(column).set_sorted()) if frame[column].is_sorted() else frame
