@@ -123,14 +123,15 @@ def _no_steps_message(trace: Trace, stage_map: StageMap) -> str:
 
 
 def _stage_ranges(mapped: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Stage ranges inside a step of their own thread (the step that starts last before them)."""
-    owners = steps.select("pid", "tid", "step_id", step_start="start", step_end="end").sort("step_start")
-    return (mapped.filter(pl.col("target") != STEP).sort("start")
+    """Stage ranges inside a step of their own thread (the step that starts last before them), in
+    (pid, tid, start) order: the as-of join needs each thread's rows in time order, no more, so one
+    sort serves both."""
+    owners = steps.select("pid", "tid", "step_id", step_start="start", step_end="end")  # (pid, tid, start) order
+    return (mapped.filter(pl.col("target") != STEP).sort("pid", "tid", "start")
             .join_asof(owners, left_on="start", right_on="step_start", by=["pid", "tid"], strategy="backward",
                        check_sortedness=False)
             .filter(pl.col("step_id").is_not_null() & (pl.col("end") <= pl.col("step_end")))
-            .select(stage="target", name="name", step_id="step_id", pid="pid", tid="tid", start="start", end="end")
-            .sort("pid", "tid", "start"))
+            .select(stage="target", name="name", step_id="step_id", pid="pid", tid="tid", start="start", end="end"))
 
 
 def _tokens(trace: Trace, stage_map: StageMap, steps: pl.DataFrame) -> tuple[int, pl.DataFrame]:

@@ -183,18 +183,23 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
         """Events of `kinds` in scan order with pid, tid, name (registered string or inline
         text), domain_id (0: the default domain) and their rare values."""
         frame = (events.lazy().filter(pl.col("event_type").is_in(kinds))
-                 .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0))
-                 .join(strings.lazy().rename({"string_id": "text_id", "value": "name"}), on="text_id", how="left",
-                       maintain_order="left"))
+                 .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0),
+                               name=_text_of("text_id", strings)))
         if not rare.height:
             return frame.with_columns(payload_float=pl.lit(None, pl.Float64), ended_elsewhere=pl.lit(False))
-        return (frame.join(rare.lazy(), on="row", how="left", maintain_order="left")
-                .with_columns(name=pl.coalesce("text", "name"), ended_elsewhere=pl.col("ended_elsewhere").fill_null(False)))
+
+        def rare_value(column: str, default=None) -> pl.Expr:
+            return pl.col("row").replace_strict(rare["row"], rare[column], default=default,
+                                                return_dtype=rare.schema[column])
+
+        return frame.with_columns(name=pl.coalesce(rare_value("text"), "name"), payload_float=rare_value("payload_float"),
+                                  ended_elsewhere=rare_value("ended_elsewhere", False))
 
     # A domain id means something only within the process that created it; the first creation counts.
-    domains = (resolved((DOMAIN_CREATE,)).select("pid", "domain_id", domain="name")
-               .unique(["pid", "domain_id"], keep="first", maintain_order=True))
-    named = resolved((MARK, *RANGE_TYPES)).join(domains, on=["pid", "domain_id"], how="left")
+    domains = (resolved((DOMAIN_CREATE,)).select(_domain_key(), "name")
+               .unique("key", keep="first", maintain_order=True).collect())
+    named = resolved((MARK, *RANGE_TYPES)).with_columns(
+        domain=_domain_key().replace_strict(domains["key"], domains["name"], default=None, return_dtype=pl.String))
     marks = (named.filter(pl.col("event_type") == MARK)
              .select(time="start", name="name", domain="domain", pid="pid", tid="tid", payload="payload",
                      payload_float="payload_float").sort("time"))
@@ -213,6 +218,11 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
                       .then(pl.lit("push_pop")).otherwise(pl.lit("start_end"))))
     closed, marks, incomplete = pl.collect_all([closed, marks, incomplete])
     return closed, marks, incomplete
+
+
+def _domain_key() -> pl.Expr:
+    """(pid, domain_id) as one int64 (domain ids are 32-bit), named `key`."""
+    return (pl.col("pid") * _KEY_SPAN + pl.col("domain_id")).alias("key")
 
 
 def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
