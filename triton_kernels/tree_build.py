@@ -56,7 +56,7 @@ def _merge(moved, src, new_sib, lanes, sib, child):
 @triton.jit
 def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
                        L: tl.constexpr, K: tl.constexpr, BUDGET: tl.constexpr, LANES: tl.constexpr,
-                       L_PAD: tl.constexpr, K_PAD: tl.constexpr, JUMPS: tl.constexpr):
+                       JUMPS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     lq = lq_ptr + b * (L * K)
     ids = ids_ptr + b * (L * K)
@@ -66,11 +66,7 @@ def _tree_build_kernel(lq_ptr, ids_ptr, tok_out, depth_out, parent_out, vis_out,
     zero_lanes = tl.zeros([LANES], tl.int32)
     empty_key = 0x7FFFFFFFFFFFFFFF  # an empty slot's key: it sorts after every real entry
 
-    # Read the [L, K] log-probs once with wide loads, so the pops' single-value loads hit L1.
-    row = tl.arange(0, L_PAD)[:, None]
-    col = tl.arange(0, K_PAD)[None, :]
-    lq_tile = tl.load(lq + row * K + col, mask=(row < L) & (col < K), other=neg_inf).to(tl.float32)
-    root_self = tl.max(tl.max(tl.where((row == 0) & (col == 0), lq_tile, neg_inf), 1), 0)
+    root_self = tl.load(lq).to(tl.float32)
 
     # The frontier, sorted across the lanes (lane 0 pops next). An entry: score (float64), key,
     # meta packing rank | depth << 8 | (parent + 1) << 16 | key length << 24, and three float32
@@ -178,6 +174,5 @@ def build_tree_gpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, bud
         _tree_build_kernel[(bs,)](
             top_log_probs.contiguous(), top_token_ids.contiguous(), tokens, depths, parents, visibility,
             L=depth_limit, K=k, BUDGET=budget, LANES=max(2, triton.next_power_of_2(budget)),
-            L_PAD=triton.next_power_of_2(depth_limit), K_PAD=triton.next_power_of_2(k),
             JUMPS=(min(depth_limit, budget) - 1).bit_length(), num_warps=1)
     return TreeBatch(tokens, depths, parents, visibility)
