@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.errors import DdprofError
-from ddprof.intervals import covered_length, first_cover, lexsorted, ranked, segment_of, union, winner_of
+from ddprof.intervals import covered_length, first_cover, ranked, segment_of, union, winner_of
 from ddprof.load import DTOH, Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
@@ -166,10 +166,9 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 class _Timeline:
-    """The numpy columns the passes of `_walk` share: steps and stage ranges, then (`add_gpu`)
-    GPU ops and sync calls, which the loader may still be reading while the range side is used."""
+    """The numpy columns the three passes of `_walk` share: stage ranges, GPU ops, sync calls."""
 
-    def __init__(self, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
+    def __init__(self, trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
         code = {name: i for i, name in enumerate(OWNERS)}
         self.n_steps = steps.height
         self.step_pid, self.step_tid = steps["pid"].to_numpy(), steps["tid"].to_numpy()
@@ -178,11 +177,6 @@ class _Timeline:
         self.r_pid, self.r_tid = stage_ranges["pid"].to_numpy(), stage_ranges["tid"].to_numpy()
         self.r_stage = stage_ranges["stage"].replace_strict(code, return_dtype=pl.Int64).to_numpy()
         self.r_step = stage_ranges["step_id"].to_numpy()
-        self.threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
-        # Stage ranges come sorted by (pid, tid, start): each thread's are one slice.
-        self._r_thread = self.r_pid * _THREAD_SPAN + self.r_tid
-
-    def add_gpu(self, trace: Trace) -> None:
         ops = trace.gpu_ops
         self.o_start, self.o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
         self.o_pid, self.o_corr = ops["pid"].to_numpy(), ops["correlation_id"].to_numpy()
@@ -191,6 +185,9 @@ class _Timeline:
         sync = _sync_calls(trace)
         self.s_start, self.s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
         self.s_pid, self.s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
+        self.threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
+        # Stage ranges come sorted by (pid, tid, start): each thread's are one slice.
+        self._r_thread = self.r_pid * _THREAD_SPAN + self.r_tid
 
     def ranges_of(self, pid: int, tid: int) -> slice:
         """The stage ranges of one thread, as a slice of the r_* columns."""
@@ -204,20 +201,16 @@ class _Timeline:
 
 def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
     """Per-step totals per owner, each op's stage and step, and each stage range's wait time."""
-    t = _Timeline(steps, stage_ranges)
-    # The range side first: the loader may still be reading the GPU tables meanwhile.
-    host_cover = {(pid, tid): _host_cover(t, pid, tid) for pid, tid in t.threads}
-    count, cpu = t.per_cell(t.r_step, t.r_stage), t.per_cell(t.r_step, t.r_stage, t.r_end - t.r_start)
-    t.add_gpu(trace)
-    op_stage, op_step, wait, gpu = _launches_and_waits(t, host_cover)
+    t = _Timeline(trace, steps, stage_ranges)
+    host_cover, op_stage, op_step, wait, gpu = _launches_and_waits(t)
     device_cover = _device_covers(t, op_stage)
     crit, crit_gpu = _critical_path(t, host_cover, device_cover)
     owner_codes = pl.Series(np.tile(np.arange(len(OWNERS)), t.n_steps))
     per_step = pl.DataFrame({
         "step_id": np.repeat(np.arange(t.n_steps, dtype=np.int64), len(OWNERS)),
         "owner": owner_codes.replace_strict(dict(enumerate(OWNERS)), return_dtype=pl.String),
-        "count": count.astype(np.int64),
-        "cpu_ns": cpu.astype(np.int64),
+        "count": t.per_cell(t.r_step, t.r_stage).astype(np.int64),
+        "cpu_ns": t.per_cell(t.r_step, t.r_stage, t.r_end - t.r_start).astype(np.int64),
         "wait_ns": t.per_cell(t.r_step, t.r_stage, wait).astype(np.int64),
         "gpu_ns": gpu.astype(np.int64),
         "crit_ns": crit.astype(np.int64),
@@ -226,26 +219,22 @@ def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
     return per_step, op_stage, op_step, wait
 
 
-def _host_cover(t: _Timeline, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray]:
-    """The innermost stage range (as a row) of each elementary segment of one thread's ranges."""
-    mine = t.ranges_of(pid, tid)
-    starts, ends = t.r_start[mine], t.r_end[mine]
-    bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
-    return bounds, np.where(winner >= 0, winner + mine.start, -1)  # the latest-started covering range
-
-
-def _launches_and_waits(t: _Timeline, host_cover: dict):
-    """Per thread with steps: the stage and step of each op launched in a host-cover segment,
-    every stage's gpu time, range waits."""
+def _launches_and_waits(t: _Timeline):
+    """Per thread with steps: the innermost stage range of each elementary segment (the host
+    cover), the stage and step of each op launched there, every stage's gpu time, range waits."""
     op_stage = np.full(t.o_start.size, -1, np.int64)
     op_step = np.full(t.o_start.size, -1, np.int64)
     wait = np.zeros(t.r_start.size, np.int64)
     gpu = np.zeros(t.n_steps * len(OWNERS), np.int64)
+    host_cover = {}
     for pid, tid in t.threads:
         mine = t.ranges_of(pid, tid)
-        bounds, winner = host_cover[pid, tid]
+        starts, ends = t.r_start[mine], t.r_end[mine]
+        bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
+        winner = np.where(winner >= 0, winner + mine.start, -1)  # latest-started covering range, as a row
+        host_cover[pid, tid] = (bounds, winner)
         here = (t.s_pid == pid) & (t.s_tid == tid)
-        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), t.r_start[mine], t.r_end[mine])
+        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), starts, ends)
 
         launched = np.flatnonzero((t.o_pid == pid) & (t.o_tid == tid))
         at_launch = segment_of(bounds, winner, t.o_launch[launched])
@@ -254,7 +243,7 @@ def _launches_and_waits(t: _Timeline, host_cover: dict):
         op_step[launched[hit]] = t.r_step[at_launch[hit]]
         cells, ns = _gpu_ns_per_stage(t, mine, launched)
         np.add.at(gpu, cells, ns)
-    return op_stage, op_step, wait, gpu
+    return host_cover, op_stage, op_step, wait, gpu
 
 
 def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -267,25 +256,25 @@ def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[
     their step, and touching ranges are not merged), so it counts for the step of its ranges.
     """
     launch = t.o_launch[launched]
-    by_launch = lexsorted(launch)
+    by_launch = np.argsort(launch, kind="stable")
     launch = launch[by_launch]
     ns_before = np.concatenate([[0], np.cumsum((t.o_end[launched] - t.o_start[launched])[by_launch])])
-    # Ops launched before each range's start and end; a piece's end is its ranges' latest end,
-    # and the count before it is the largest of theirs.
-    before_start, before_end = np.searchsorted(launch, t.r_start[mine]), np.searchsorted(launch, t.r_end[mine])
     stages = t.r_stage[mine]
-    by_stage = np.argsort(stages.astype(np.int8), kind="stable")  # start order kept within a stage
+    by_stage = np.argsort(stages, kind="stable")  # start order kept within a stage
     first_of_stage = np.searchsorted(stages[by_stage], np.arange(len(STAGES) + 1))
     cells, ns = [], []
     for stage in range(len(STAGES)):
         rows = by_stage[first_of_stage[stage]:first_of_stage[stage + 1]]
         if rows.size == 0:
             continue
-        reach = np.maximum.accumulate(t.r_end[mine][rows])
-        first = np.flatnonzero(np.concatenate([[True], t.r_start[mine][rows[1:]] >= reach[:-1]]))
+        starts, ends = t.r_start[mine][rows], t.r_end[mine][rows]
+        reach = np.maximum.accumulate(ends)
+        first = np.flatnonzero(np.concatenate([[True], starts[1:] >= reach[:-1]]))
         last = np.append(first[1:], rows.size) - 1
+        lo = np.searchsorted(launch, starts[first])
+        hi = np.searchsorted(launch, reach[last])
         cells.append(t.r_step[mine][rows[first]] * len(OWNERS) + stage)
-        ns.append(ns_before[np.maximum.accumulate(before_end[rows])[last]] - ns_before[before_start[rows[first]]])
+        ns.append(ns_before[hi] - ns_before[lo])
     if not cells:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     return np.concatenate(cells), np.concatenate(ns)
@@ -297,7 +286,7 @@ def _device_covers(t: _Timeline, op_stage: np.ndarray) -> dict:
     covers = {}
     for pid in {pid for pid, _ in t.threads}:
         attributed = np.flatnonzero((t.o_pid == pid) & (op_stage >= 0))
-        earliest_first = lexsorted(t.o_start[attributed], t.o_corr[attributed], t.o_launch[attributed])
+        earliest_first = np.lexsort((t.o_start[attributed], t.o_corr[attributed], t.o_launch[attributed]))
         bounds, winner = first_cover(t.o_start[attributed], t.o_end[attributed], earliest_first)
         covers[pid] = (bounds, np.where(winner >= 0, op_stage[attributed[winner]], -1))
     return covers

@@ -12,9 +12,7 @@ import os
 import sqlite3
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import adbc_driver_manager
 import adbc_driver_sqlite.dbapi as adbc_sqlite
@@ -23,12 +21,9 @@ import polars as pl
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
 
-T = TypeVar("T")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _BATCH_ROWS = "65536"  # rows per Arrow batch: fewer chunks than ADBC's 1024, and column types guessed from more rows
-# Tables (or halves of one) read at once, in the order asked: two on a 2-core machine, so the first
-# reads asked for (NVTX_EVENTS) finish first, a third where a core is free for it.
-_READERS = min(3, max(2, os.cpu_count() or 2))
+_READERS = 3  # big tables read at once: NVTX events, runtime calls, kernels
 
 
 def resolve_export(path: Path) -> Path:
@@ -137,11 +132,6 @@ class ExportDb:
         zero_for_null = [name for name, expr in columns.items() if name not in nullable and expr != "NULL"]
         return self._readers.submit(self._arrow_ints, f'SELECT {select} FROM "{table}" e WHERE {where}',
                                     list(columns), zero_for_null)
-
-    def submit(self, work: Callable[[], T]) -> Future[T]:
-        """Run `work` on a reader thread after the reads asked for so far have started; it may
-        wait on their futures (none of them still waits for a thread)."""
-        return self._readers.submit(work)
 
     def _arrow_ints(self, sql: str, names: list[str], zero_for_null: list[str]) -> pl.DataFrame:
         try:

@@ -33,17 +33,6 @@ def ranked(*arrays: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return in_order[new], np.split(index, np.cumsum([np.size(a) for a in arrays])[:-1])
 
 
-def lexsorted(*keys: np.ndarray) -> np.ndarray:
-    """np.lexsort(keys) (the last key sorts first, ties keep their order), without sorting when
-    the order is already known from the first key alone: trace columns often come in order (GPU
-    ops listed by start are, on one stream, also in launch order)."""
-    primary = keys[-1]
-    if primary.size < 2:
-        return np.arange(primary.size)
-    in_order = primary[1:] >= primary[:-1] if len(keys) == 1 else primary[1:] > primary[:-1]
-    return np.arange(primary.size) if in_order.all() else np.lexsort(keys)
-
-
 def first_cover(starts: np.ndarray, ends: np.ndarray, precedence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Boundaries `b` and, per elementary segment [b[k], b[k+1]), the winning covering interval.
 

@@ -9,9 +9,8 @@ union, and the GPU op -> launching runtime call join (same correlationId, same p
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -53,28 +52,14 @@ class Trace:
                 copy_kind, launch_tid, launch_start, launch_api (launch_* null without a runtime call)
     runtime:    CUDA runtime calls: start, end, pid, tid, correlation_id, api (name without the
                 `_v7000`/`_ptsz` suffixes)
-
-    gpu_ops and runtime are finished on first use (`gpu_frames`, called once): `load` returns
-    while their tables are still being read, so that work on the NVTX side overlaps the reads.
     """
 
     source: Path
     flat_ranges: pl.DataFrame
     marks: pl.DataFrame
     incomplete: pl.DataFrame
-    gpu_frames: Callable[[], tuple[pl.DataFrame, pl.DataFrame]] = field(repr=False, compare=False)
-
-    @cached_property
-    def _gpu(self) -> tuple[pl.DataFrame, pl.DataFrame]:
-        return self.gpu_frames()
-
-    @property
-    def gpu_ops(self) -> pl.DataFrame:
-        return self._gpu[0]
-
-    @property
-    def runtime(self) -> pl.DataFrame:
-        return self._gpu[1]
+    gpu_ops: pl.DataFrame
+    runtime: pl.DataFrame
 
     @cached_property
     def ranges(self) -> pl.DataFrame:
@@ -91,42 +76,25 @@ class Trace:
 
 
 def load(path: Path) -> Trace:
-    """Read a `.sqlite` export or a `.nsys-rep` report (exported with the local nsys if needed).
-
-    NVTX_EVENTS is read first, in halves on two threads; the GPU tables are read next and their
-    frames built on those threads, while this one builds the NVTX frames and the caller starts on them. Reading errors of the GPU tables
-    surface on first use of gpu_ops or runtime, as the same one-line DdprofError.
-    """
+    """Read a `.sqlite` export or a `.nsys-rep` report (exported with the local nsys if needed)."""
     sqlite_path = resolve_export(Path(path))
-    db = ExportDb(sqlite_path)
-    try:
+    with ExportDb(sqlite_path) as db:
         if "NVTX_EVENTS" not in db.tables:
             if "StringIds" not in db.tables:
                 raise DdprofError(f"{sqlite_path}: SQLite file without NVTX_EVENTS or StringIds: "
                                   "not an Nsight Systems export")
             raise DdprofError(f"{sqlite_path}: export has no NVTX_EVENTS table: the capture recorded no "
                               "NVTX (profile with --trace=nvtx)")
-        halves = _read_nvtx_events(db)
-        calls, ops = _read_runtime_calls(db), _read_gpu_ops(db)  # queued behind the NVTX halves
+        # The big tables are read on background threads while this one runs the small queries; the
+        # GPU side (the smaller reads) is built while NVTX_EVENTS is still being read.
+        events, calls, ops = _read_nvtx_events(db), _read_runtime_calls(db), _read_gpu_ops(db)
         strings = _strings(db)
         duration = _trace_duration(db)
-        events = pl.concat([half.result() for half in halves])
-        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
-    except BaseException:
-        db.close()
-        raise
-
-    def build_gpu_frames() -> tuple[pl.DataFrame, pl.DataFrame]:
         runtime = _runtime_calls(calls.result(), strings)
-        return _gpu_ops(*(op.result() for op in ops), runtime, strings), runtime
-
-    gpu = db.submit(build_gpu_frames)  # on a reader thread, once the reads it waits for are under way
-
-    def gpu_frames() -> tuple[pl.DataFrame, pl.DataFrame]:
-        with db:
-            return gpu.result()
-
-    return Trace(sqlite_path, ranges, marks, incomplete, gpu_frames)
+        gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
+        events = events.result()
+        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
+    return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
 def _strings(db: ExportDb) -> pl.DataFrame:
@@ -149,22 +117,17 @@ def _thread_of(column: str) -> list[pl.Expr]:
     return [(pl.col(column) // _ID_SPAN % _ID_SPAN).alias("pid"), (pl.col(column) % _ID_SPAN).alias("tid")]
 
 
-def _read_nvtx_events(db: ExportDb) -> list[Future[pl.DataFrame]]:
-    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike),
-    as two halves by row id read at once; `row` is the row id of the events with a rare value
-    (`_rare_nvtx_values`), null elsewhere."""
+def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
+    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike);
+    `row` is the row id of the events with a rare value (`_rare_nvtx_values`), null elsewhere."""
     table = "NVTX_EVENTS"
     rare = _rare_condition(db)
-    columns = {
+    return db.int_frame(table, {
         "row": f"CASE WHEN {rare} THEN e.rowid END" if rare else "NULL", "start": "e.start",
         "end": db.col(table, "e", "end"), "event_type": "e.eventType", "text_id": db.col(table, "e", "textId"),
         "domain_id": db.col(table, "e", "domainId"), "global_tid": "e.globalTid",
-        "payload": db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))}
-    nullable = {"row", "end", "text_id", "domain_id", "payload"}
-    middle = db.scalar(f"SELECT (min(rowid) + max(rowid)) / 2 FROM {table}")
-    if middle is None:  # no events
-        return [db.int_frame(table, columns, nullable=nullable)]
-    return [db.int_frame(table, columns, f"e.rowid {half} {middle}", nullable) for half in ("<=", ">")]
+        "payload": db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
+        nullable={"row", "end", "text_id", "domain_id", "payload"})
 
 
 def _rare_columns(db: ExportDb) -> tuple[str, str, str]:

@@ -15,7 +15,7 @@ import pytest
 
 from ddprof.errors import DdprofError
 from ddprof.export_db import ExportDb
-from ddprof.intervals import first_cover, lexsorted, ranked
+from ddprof.intervals import first_cover, ranked
 
 EXPORT = Path(__file__).parents[1] / "data" / "h200_nsys2025_small_gpu_builder.sqlite"
 
@@ -76,12 +76,3 @@ def test_first_cover_picks_the_best_covering_interval_of_every_segment(seed):
         covering = np.flatnonzero((starts <= bounds[k]) & (ends >= bounds[k + 1]) & (ends > starts))
         expected = covering[np.argmin(rank[covering])] if covering.size else -1
         assert winner[k] == expected
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_lexsorted_is_lexsort_whether_or_not_the_first_key_comes_in_order(seed):
-    rng = np.random.default_rng(seed)
-    tie_break = rng.integers(0, 5, 400)
-    for primary in (rng.integers(0, 50, 400), np.sort(rng.integers(0, 50, 400)), np.arange(400)):
-        assert lexsorted(tie_break, primary).tolist() == np.lexsort((tie_break, primary)).tolist()
-        assert lexsorted(primary).tolist() == np.argsort(primary, kind="stable").tolist()
