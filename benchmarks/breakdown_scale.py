@@ -10,8 +10,8 @@ and tokens against what was written, and nvtxsum's total `step` time against bre
 Goal (issue 4): under 20 s and 4 GB, and faster than nvtxsum. CPU seconds are recorded too: the
 2 cores are often shared, which stretches wall time but not CPU time. Each tool runs --repeats
 times (3), alternating with the other; the run of median wall time is reported, with every run's
-wall time (ddprof's first run right after the export is written is its slowest, by up to 0.4 s;
-nvtxsum, at 0.15 GB, stays steady). Run from the repo root:
+wall time (ddprof's first run right after the export is written tends to be its slowest;
+nvtxsum stays steady). Run from the repo root:
 
     python benchmarks/breakdown_scale.py [--ranges N] [--out FILE] [--keep-export FILE] [--repeats N]
 """

@@ -309,7 +309,7 @@ def _critical_path(t: _Timeline, host_cover: dict, device_cover: dict) -> tuple[
         # device segment the piece [cut, next cut) lies in.
         step_seen, host_seen, device_seen = (np.cumsum(np.bincount(at, minlength=cuts.size))[:-1] for at in positions)
         in_step = (step_seen & 1).astype(bool)  # after a step's start, not yet past its end
-        piece, length = cuts[:-1][in_step], np.diff(cuts)[in_step]
+        length = np.diff(cuts)[in_step]
         step = ids[step_seen[in_step] >> 1]
         on_device = winner_of(device_seen[in_step] - 1, device_stage)
         on_host = stage_or_other[winner_of(host_seen[in_step] - 1, host_winner)]  # -1 picks the trailing `other`
