@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ddprof import __version__
+from ddprof import __version__, process_settings
 from ddprof.errors import DdprofError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -272,6 +272,7 @@ def sweep(
 
 def main() -> None:
     """Console-script entry: run the app, turning DdprofError into one line and exit code 2."""
+    process_settings.apply()
     try:
         app()
     except DdprofError as exc:

@@ -14,15 +14,13 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import adbc_driver_manager
-import adbc_driver_sqlite.dbapi as adbc_sqlite
 import polars as pl
 
+from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, ROWID, MappedFile, ScanError, scan_table
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_BATCH_ROWS = "65536"  # rows per Arrow batch: fewer chunks than ADBC's 1024, and column types guessed from more rows
 _READERS = 3  # big tables read at once: NVTX events, runtime calls, kernels
 
 
@@ -63,6 +61,10 @@ def _check_sqlite_file(path: Path) -> None:
     count_is_valid = header[24:28] == header[92:96]  # the in-header size is trusted only then
     if count_is_valid and size < page_size * page_count:
         raise DdprofError(f"{path}: truncated SQLite file ({size} of {page_size * page_count} bytes)")
+    wal = path.with_name(path.name + "-wal")
+    if header[18] == 2 and wal.is_file() and wal.stat().st_size:  # its pages are read from the file itself
+        raise DdprofError(f"{path}: has uncheckpointed changes in {wal.name}: checkpoint it (sqlite3 "
+                          f"{path.name} 'PRAGMA wal_checkpoint') or export again")
 
 
 class ExportDb:
@@ -80,10 +82,12 @@ class ExportDb:
             raise DdprofError(f"{self.path}: unreadable SQLite file ({exc})") from None
         self.tables = {name for (name,) in rows}
         self._columns: dict[str, set[str]] = {}
+        self._pages = MappedFile(self.path)
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="ddprof-read")
 
     def close(self) -> None:
-        self._readers.shutdown(cancel_futures=True)
+        self._readers.shutdown(cancel_futures=True)  # waits for running scans: they read the mapping
+        self._pages.close()
         self._db.close()
 
     def __enter__(self) -> ExportDb:
@@ -113,36 +117,53 @@ class ExportDb:
             return "NULL"
         return present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"
 
-    def int_frame(self, table: str, columns: dict[str, str], where: str = "1",
-                  nullable: frozenset[str] | set[str] = frozenset()) -> Future[pl.DataFrame]:
-        """Start reading integer columns of `table` (output name -> SQL expression over alias `e`)
-        as Int64; the future's result is the frame.
+    def table_frame(self, table: str, columns: dict[str, str], nullable: frozenset[str] | set[str] = frozenset(),
+                    present: frozenset[str] | set[str] = frozenset()) -> Future[pl.DataFrame]:
+        """Start reading columns of a big table (output name -> column name, or "rowid") in rowid
+        order; the future's result is the frame.
 
-        Python's sqlite3 builds one object per value, which dominates load time on million-row
-        tables; here the ADBC SQLite driver fills Arrow columns in C and polars takes them as they
-        are, on a thread of its own that runs beside the others (polars releases the GIL while it
-        pulls the Arrow stream). NULL stays null in `nullable` columns and reads as 0 in the others
-        (which must never be NULL); an absent table is an empty frame.
+        The table's B-tree pages are decoded by ddprof.btree_scan on a reader thread of its own, so
+        the big tables are read at once. Columns are Int64: NULL stays null in `nullable` columns
+        and reads as 0 in the others (which must never be NULL); `present` columns are Boolean,
+        whether the value (of any type) is not NULL. A column the table lacks is all null (False
+        for `present`); an absent table is an empty frame.
         """
+        schema = {name: pl.Boolean if name in present else pl.Int64 for name in columns}
         if table not in self.tables:
             done: Future[pl.DataFrame] = Future()
-            done.set_result(pl.DataFrame(schema={name: pl.Int64 for name in columns}))
+            done.set_result(pl.DataFrame(schema=schema))
             return done
-        select = ", ".join(f'{expr} AS "{name}"' for name, expr in columns.items())
-        zero_for_null = [name for name, expr in columns.items() if name not in nullable and expr != "NULL"]
-        return self._readers.submit(self._arrow_ints, f'SELECT {select} FROM "{table}" e WHERE {where}',
-                                    list(columns), zero_for_null)
+        root, layout = self._layout(table)
+        asked = {name: layout[column] for name, column in columns.items() if column in layout}
+        spec = [(index, PRESENCE if name in present else NULLABLE_INT if name in nullable else INT)
+                for name, index in asked.items()]
+        return self._readers.submit(self._scan, table, root, spec, list(asked), schema)
 
-    def _arrow_ints(self, sql: str, names: list[str], zero_for_null: list[str]) -> pl.DataFrame:
+    def _layout(self, table: str) -> tuple[int, dict[str, int]]:
+        """The table's root page and each column's index in the stored record (ROWID for the rowid
+        and an INTEGER PRIMARY KEY column, which is the rowid under another name)."""
+        root, sql = self._execute("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                  (table,)).fetchone()
+        info = self._execute(f'PRAGMA table_xinfo("{table}")').fetchall()  # cid, name, type, notnull, default, pk, hidden
+        if "WITHOUT ROWID" in sql.upper() or any(row[6] for row in info):
+            raise DdprofError(f"{self.path}: table {table} has a layout ddprof cannot read (WITHOUT ROWID or "
+                              "generated columns): not an Nsight Systems export")
+        keys = [row for row in info if row[5]]
+        alias = keys[0][1] if len(keys) == 1 and keys[0][2].upper() == "INTEGER" else None
+        return root, {"rowid": ROWID, **{row[1]: ROWID if row[1] == alias else row[0] for row in info}}
+
+    def _scan(self, table: str, root: int, spec: list[tuple[int, str]], names: list[str],
+              schema: dict[str, pl.DataType]) -> pl.DataFrame:
         try:
-            with adbc_sqlite.connect(self._uri) as connection, connection.cursor() as cursor:
-                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": _BATCH_ROWS})
-                cursor.execute(sql)
-                rows = pl.from_arrow(cursor.fetch_arrow())
-        except (adbc_driver_manager.Error, pl.exceptions.PolarsError, OSError) as exc:
-            raise DdprofError(f"{self.path}: unreadable SQLite export ({_one_line(exc)})") from None
-        frame = rows.struct.unnest() if isinstance(rows, pl.Series) else rows
-        return frame.select(pl.col(names).cast(pl.Int64)).with_columns(pl.col(zero_for_null).fill_null(0))
+            rows, values, found = scan_table(self._pages, root, spec)
+        except ScanError as exc:
+            raise DdprofError(f"{self.path}: unreadable SQLite export (table {table}: {exc})") from None
+        read = {name: (pl.Series(name, has) if value is None else
+                       pl.Series(name, value) if has is None or has.all() else
+                       pl.select(pl.when(pl.Series(has)).then(pl.Series(name, value))).to_series())
+                for name, value, has in zip(names, values, found)}
+        return pl.DataFrame([read[name] if name in read else pl.repeat(None, rows, dtype=dtype, eager=True).alias(name)
+                             for name, dtype in schema.items()])
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of a small query (text, reals) as a frame with exactly `schema`."""

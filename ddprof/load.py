@@ -31,6 +31,8 @@ DTOH = 2
 _ID_SPAN = 1 << 24  # globalTid packs pid and tid in 24-bit fields
 _KEY_SPAN = 1 << 32  # correlation ids are 32-bit
 _LOOKUP_SHARE = 8  # rare NVTX values are looked up by row id when at most 1 event in this many has one
+_INT_PAYLOADS = ("int64Value", "uint64Value", "int32Value", "uint32Value")  # NVTX's payload union, by type
+_RARE_VALUES = ("text", "doubleValue", "floatValue")  # inline name and float payloads: almost always NULL
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def load(path: Path) -> Trace:
         duration = _trace_duration(db)
         runtime = _runtime_calls(calls.result(), strings)
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
-        events = events.result()
+        events = _nvtx_events(events.result())
         ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
@@ -118,49 +120,42 @@ def _thread_of(column: str) -> list[pl.Expr]:
 
 
 def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
-    """Every NVTX event's integer columns in one pass (ranges, marks and domain creations alike);
-    `row` is the row id of the events with a rare value (`_rare_nvtx_values`), null elsewhere."""
-    table = "NVTX_EVENTS"
-    rare = _rare_condition(db)
-    return db.int_frame(table, {
-        "row": f"CASE WHEN {rare} THEN e.rowid END" if rare else "NULL", "start": "e.start",
-        "end": db.col(table, "e", "end"), "event_type": "e.eventType", "text_id": db.col(table, "e", "textId"),
-        "domain_id": db.col(table, "e", "domainId"), "global_tid": "e.globalTid",
-        "payload": db.first_col(table, "e", ("int64Value", "uint64Value", "int32Value", "uint32Value"))},
-        nullable={"row", "end", "text_id", "domain_id", "payload"})
+    """Every NVTX event in one pass (ranges, marks and domain creations alike): the integer columns,
+    and whether the rare inline name and float payload are present."""
+    payloads = {f"payload_{i}": column for i, column in enumerate(_INT_PAYLOADS)}
+    rare = {f"has_{column}": column for column in _RARE_VALUES}
+    return db.table_frame("NVTX_EVENTS", {
+        "rowid": "rowid", "start": "start", "end": "end", "event_type": "eventType", "text_id": "textId",
+        "domain_id": "domainId", "global_tid": "globalTid", "end_global_tid": "endGlobalTid", **payloads, **rare},
+        nullable={"end", "text_id", "domain_id", "end_global_tid", *payloads}, present=set(rare))
 
 
-def _rare_columns(db: ExportDb) -> tuple[str, str, str]:
-    """SQL for the NVTX values that are almost always NULL: inline (unregistered) name, float
-    payload, and whether a range ends on another thread."""
-    table = "NVTX_EVENTS"
-    ended_elsewhere = f"coalesce({db.col(table, 'e', 'endGlobalTid')} != e.globalTid, 0)"
-    return db.col(table, "e", "text"), db.first_col(table, "e", ("doubleValue", "floatValue")), ended_elsewhere
-
-
-def _rare_condition(db: ExportDb) -> str | None:
-    """SQL that holds on the events with a rare value (None when the export has none of those columns)."""
-    text, floats, ended_elsewhere = _rare_columns(db)
-    found = [f"{value} IS NOT NULL" for value in (text, floats) if value != "NULL"]
-    found += [ended_elsewhere] if "endGlobalTid" in db.columns("NVTX_EVENTS") else []
-    return " OR ".join(found) or None
+def _nvtx_events(raw: pl.DataFrame) -> pl.DataFrame:
+    """One row per event: `payload` the first integer payload present, `ended_elsewhere` for a range
+    that ends on another thread, `row` the row id of the events with a rare value (null elsewhere)."""
+    rare = pl.any_horizontal(pl.col(f"has_{column}") for column in _RARE_VALUES)
+    return raw.select(
+        row=pl.when(rare).then(pl.col("rowid")), start="start", end="end", event_type="event_type",
+        text_id="text_id", domain_id="domain_id", global_tid="global_tid",
+        payload=pl.coalesce(f"payload_{i}" for i in range(len(_INT_PAYLOADS))),
+        ended_elsewhere=(pl.col("end_global_tid") != pl.col("global_tid")).fill_null(False))
 
 
 def _rare_nvtx_values(db: ExportDb, events: pl.DataFrame) -> pl.DataFrame:
-    """(row, text, payload_float, ended_elsewhere) of the events with a rare value, only when the
-    first pass found such events: looked up by row id when they are few (every export has a few,
-    the domain creations with their inline names), a second scan when they are many (a lookup
-    costs several times a scanned row)."""
-    schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64, "ended_elsewhere": pl.Boolean}
+    """(row, text, payload_float) of the events with an inline name or a float payload: looked up
+    by row id when they are few (every export has a few, the domain creations with their inline
+    names), a second scan when they are many (a lookup costs several times a scanned row)."""
+    schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64}
     rows = events["row"].drop_nulls()
     if rows.is_empty():
         return pl.DataFrame(schema=schema)
-    text, floats, ended_elsewhere = _rare_columns(db)
+    table = "NVTX_EVENTS"
+    text, floats = db.col(table, "e", "text"), db.first_col(table, "e", _RARE_VALUES[1:])
     if rows.len() * _LOOKUP_SHARE <= events.height:
         where = f"e.rowid IN ({','.join(map(str, rows.to_list()))})"
     else:
-        where = _rare_condition(db)
-    return db.frame(f"SELECT e.rowid, {text}, {floats}, {ended_elsewhere} FROM NVTX_EVENTS e WHERE {where}", schema)
+        where = " OR ".join(f"{value} IS NOT NULL" for value in (text, floats) if value != "NULL")
+    return db.frame(f"SELECT e.rowid, {text}, {floats} FROM NVTX_EVENTS e WHERE {where}", schema)
 
 
 def _trace_duration(db: ExportDb) -> int | None:
@@ -186,14 +181,13 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
                  .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0),
                                name=_text_of("text_id", strings)))
         if not rare.height:
-            return frame.with_columns(payload_float=pl.lit(None, pl.Float64), ended_elsewhere=pl.lit(False))
+            return frame.with_columns(payload_float=pl.lit(None, pl.Float64))
 
-        def rare_value(column: str, default=None) -> pl.Expr:
-            return pl.col("row").replace_strict(rare["row"], rare[column], default=default,
+        def rare_value(column: str) -> pl.Expr:
+            return pl.col("row").replace_strict(rare["row"], rare[column], default=None,
                                                 return_dtype=rare.schema[column])
 
-        return frame.with_columns(name=pl.coalesce(rare_value("text"), "name"), payload_float=rare_value("payload_float"),
-                                  ended_elsewhere=rare_value("ended_elsewhere", False))
+        return frame.with_columns(name=pl.coalesce(rare_value("text"), "name"), payload_float=rare_value("payload_float"))
 
     # A domain id means something only within the process that created it; the first creation counts.
     domains = (resolved((DOMAIN_CREATE,)).select(_domain_key(), "name")
@@ -262,9 +256,9 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
 
 
 def _read_runtime_calls(db: ExportDb) -> Future[pl.DataFrame]:
-    return db.int_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
-        "start": "e.start", "end": "e.end", "global_tid": "e.globalTid", "correlation_id": "e.correlationId",
-        "name_id": "e.nameId"})
+    return db.table_frame("CUPTI_ACTIVITY_KIND_RUNTIME", {
+        "start": "start", "end": "end", "global_tid": "globalTid", "correlation_id": "correlationId",
+        "name_id": "nameId"})
 
 
 def _runtime_calls(calls: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
@@ -273,13 +267,14 @@ def _runtime_calls(calls: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
 
 
 def _read_gpu_ops(db: ExportDb) -> tuple[Future[pl.DataFrame], ...]:
-    """Kernels, memcpys and memsets: each with start, end, correlation_id, global_pid and its own column."""
-    common = {"start": "e.start", "end": "e.end", "correlation_id": "e.correlationId", "global_pid": "e.globalPid"}
+    """Kernels, memcpys and memsets: each with start, end, correlation_id, global_pid and its own
+    columns (a kernel's name: its short name, else its demangled one)."""
+    common = {"start": "start", "end": "end", "correlation_id": "correlationId", "global_pid": "globalPid"}
     kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
-    return (db.int_frame(kernel, {**common, "name_id": db.first_col(kernel, "e", ("shortName", "demangledName"))},
-                         nullable={"name_id"}),
-            db.int_frame(memcpy, {**common, "copy_kind": db.col(memcpy, "e", "copyKind")}, nullable={"copy_kind"}),
-            db.int_frame(memset, common))
+    return (db.table_frame(kernel, {**common, "short_name": "shortName", "demangled_name": "demangledName"},
+                           nullable={"short_name", "demangled_name"}),
+            db.table_frame(memcpy, {**common, "copy_kind": "copyKind"}, nullable={"copy_kind"}),
+            db.table_frame(memset, common))
 
 
 def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, runtime: pl.DataFrame,
@@ -287,8 +282,9 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
     label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
     no_copy_kind = pl.lit(None, pl.Int64)
     ops = pl.concat([
-        kernels.select(pl.exclude("name_id"), name=_text_of("name_id", strings), kind=pl.lit("kernel"),
-                       copy_kind=no_copy_kind),
+        kernels.with_columns(name_id=pl.coalesce("short_name", "demangled_name"))
+        .select(pl.exclude("short_name", "demangled_name", "name_id"), name=_text_of("name_id", strings),
+                kind=pl.lit("kernel"), copy_kind=no_copy_kind),
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
     ], how="diagonal").with_columns(_thread_of("global_pid")[0])

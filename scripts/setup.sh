@@ -16,6 +16,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# A C compiler: ddprof builds its SQLite page reader (ddprof/btree_scan.c) on first use.
+if ! command -v cc >/dev/null 2>&1 && [ -z "${CC:-}" ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev
+fi
+
 if ! command -v nsys >/dev/null 2>&1 && [ -z "${NSYS:-}" ]; then
   bash scripts/install-nsys.sh
 fi

@@ -1,8 +1,8 @@
-"""The Arrow reader of export tables and the merge-based interval helpers, against plain answers.
+"""The reader of big export tables and the merge-based interval helpers, against plain answers.
 
-ExportDb.int_frame reads through the ADBC SQLite driver on background threads; these tests hold
-it to what Python's sqlite3 returns for the same query, on the real nsys 2025.3 export, and to the
-NULL rules the loader relies on. `ranked` and `first_cover` are held to np.unique/searchsorted and
+ExportDb.table_frame reads table pages in C (ddprof.btree_scan) on background threads; these tests
+hold it to what Python's sqlite3 returns for the same columns, on the real nsys 2025.3 export, and
+to the NULL rules the loader relies on. `ranked` and `first_cover` are held to np.unique/searchsorted and
 to a brute-force scan over every elementary segment.
 """
 
@@ -25,9 +25,9 @@ EXPORT = Path(__file__).parents[1] / "data" / "h200_nsys2025_small_gpu_builder.s
     ("CUPTI_ACTIVITY_KIND_KERNEL", ("start", "end", "correlationId", "globalPid", "shortName")),
     ("CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end", "globalTid", "correlationId", "nameId")),
 ])
-def test_arrow_reader_matches_sqlite3_on_a_real_export(table, columns):
+def test_table_reader_matches_sqlite3_on_a_real_export(table, columns):
     with ExportDb(EXPORT) as db:
-        frame = db.int_frame(table, {c: f"e.{c}" for c in columns}, nullable=set(columns)).result()
+        frame = db.table_frame(table, {c: c for c in columns}, nullable=set(columns)).result()
     with sqlite3.connect(EXPORT) as plain:
         rows = plain.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY rowid").fetchall()
     assert frame.height == len(rows) > 0
@@ -38,21 +38,42 @@ def test_arrow_reader_matches_sqlite3_on_a_real_export(table, columns):
 def test_nulls_stay_null_only_in_nullable_columns_and_absent_tables_are_empty(tmp_path):
     path = tmp_path / "t.sqlite"
     with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE t (a INTEGER, b INTEGER)")
-        # More leading NULLs than one Arrow batch holds: the column type must still come out Int64.
-        db.executemany("INSERT INTO t VALUES (?, ?)", [(None, None)] * 70_000 + [(7, 8)])
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b INTEGER, s TEXT)")
+        db.executemany("INSERT INTO t (a, b, s) VALUES (?, ?, ?)", [(None, None, None)] * 70_000 + [(7, 8, "x")])
     with ExportDb(path) as export:
-        frame = export.int_frame("t", {"a": "e.a", "b": "e.b", "c": "NULL"}, nullable={"b"}).result()
-        absent = export.int_frame("missing", {"x": "e.x"}).result()
-    assert frame.schema == {"a": pl.Int64, "b": pl.Int64, "c": pl.Int64}
-    assert frame.row(0) == (0, None, None) and frame.row(-1) == (7, 8, None)
+        frame = export.table_frame("t", {"id": "id", "a": "a", "b": "b", "c": "no_such_column", "has_s": "s"},
+                                   nullable={"b"}, present={"has_s"}).result()
+        absent = export.table_frame("missing", {"x": "x"}).result()
+    assert frame.schema == {"id": pl.Int64, "a": pl.Int64, "b": pl.Int64, "c": pl.Int64, "has_s": pl.Boolean}
+    assert frame.row(0) == (1, 0, None, None, False) and frame.row(-1) == (70_001, 7, 8, None, True)
     assert absent.height == 0 and absent.schema == {"x": pl.Int64}
 
 
-def test_a_failing_query_is_a_one_line_error_naming_the_file():
-    with ExportDb(EXPORT) as db, pytest.raises(DdprofError, match="unreadable SQLite export") as caught:
-        db.int_frame("NVTX_EVENTS", {"x": "e.no_such_column"}).result()
-    assert str(EXPORT) in str(caught.value) and "\n" not in str(caught.value)
+def test_damaged_table_pages_are_a_one_line_error_naming_the_file(tmp_path):
+    path = tmp_path / "damaged.sqlite"
+    data = bytearray(EXPORT.read_bytes())
+    with sqlite3.connect(EXPORT) as db:
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'NVTX_EVENTS'").fetchone()[0]
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    data[(root - 1) * page_size] = 0x77  # the root page's type byte
+    path.write_bytes(data)
+    with ExportDb(path) as db, pytest.raises(DdprofError, match="unreadable SQLite export") as caught:
+        db.table_frame("NVTX_EVENTS", {"start": "start"}).result()
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_export_with_uncheckpointed_wal_changes_is_refused(tmp_path):
+    path = tmp_path / "wal.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("CREATE TABLE NVTX_EVENTS (start INTEGER)")
+    db.execute("INSERT INTO NVTX_EVENTS VALUES (1)")
+    db.commit()  # stays in the -wal file while this connection is open
+    try:
+        with pytest.raises(DdprofError, match="uncheckpointed changes"):
+            ExportDb(path)
+    finally:
+        db.close()
 
 
 def test_ranked_is_unique_plus_searchsorted():
