@@ -14,6 +14,8 @@ time: no Python loop over ranges, ops or nanoseconds.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ OTHER = "other"
 OWNERS = (*STAGES, OTHER)  # who can own a nanosecond of a step; index = owner code
 _OTHER = len(STAGES)
 _THREAD_SPAN = 1 << 24  # tids are 24-bit: pid * span + tid orders threads as (pid, tid) does
+_WINDOW_RANGES = 1 << 16  # stage ranges per window of `_walk`
 
 # Runtime calls during which the host thread waits for the GPU.
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -166,99 +169,140 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
 
 
 class _Timeline:
-    """The numpy columns the three passes of `_walk` share: stage ranges, GPU ops, sync calls."""
+    """The numpy columns the passes of `_walk` share: steps, stage ranges, GPU ops, sync calls."""
 
     def __init__(self, trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
         code = {name: i for i, name in enumerate(OWNERS)}
         self.n_steps = steps.height
-        self.step_pid, self.step_tid = steps["pid"].to_numpy(), steps["tid"].to_numpy()
         self.step_start, self.step_end = steps["start"].to_numpy(), steps["end"].to_numpy()
         self.r_start, self.r_end = stage_ranges["start"].to_numpy(), stage_ranges["end"].to_numpy()
-        self.r_pid, self.r_tid = stage_ranges["pid"].to_numpy(), stage_ranges["tid"].to_numpy()
         self.r_stage = stage_ranges["stage"].replace_strict(code, return_dtype=pl.Int64).to_numpy()
+        self.stage_or_other = np.append(self.r_stage, _OTHER)  # a range row's stage; row -1: `other`
         self.r_step = stage_ranges["step_id"].to_numpy()
         ops = trace.gpu_ops
         self.o_start, self.o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
         self.o_pid, self.o_corr = ops["pid"].to_numpy(), ops["correlation_id"].to_numpy()
-        self.o_tid = ops["launch_tid"].fill_null(-1).to_numpy()
         self.o_launch = ops["launch_start"].fill_null(-1).to_numpy()
+        self._o_thread = ops["pid"].to_numpy() * _THREAD_SPAN + ops["launch_tid"].fill_null(-1).to_numpy()
         sync = _sync_calls(trace)
-        self.s_start, self.s_end = sync["start"].to_numpy(), sync["end"].to_numpy()
-        self.s_pid, self.s_tid = sync["pid"].to_numpy(), sync["tid"].to_numpy()
-        self.threads = steps.select("pid", "tid").unique(maintain_order=True).rows()
-        # Stage ranges come sorted by (pid, tid, start): each thread's are one slice.
-        self._r_thread = self.r_pid * _THREAD_SPAN + self.r_tid
+        self._sync = sync.select("start", "end", thread=pl.col("pid") * _THREAD_SPAN + pl.col("tid"))
+        self.threads = steps.group_by("pid", "tid", maintain_order=True).agg(
+            first=pl.col("step_id").min(), last=pl.col("step_id").max()).rows()
+        # Stage ranges come sorted by (pid, tid, start), steps by (pid, tid, start) too.
+        self._r_thread = stage_ranges["pid"].to_numpy() * _THREAD_SPAN + stage_ranges["tid"].to_numpy()
 
-    def ranges_of(self, pid: int, tid: int) -> slice:
-        """The stage ranges of one thread, as a slice of the r_* columns."""
-        key = pid * _THREAD_SPAN + tid
-        return slice(int(np.searchsorted(self._r_thread, key)), int(np.searchsorted(self._r_thread, key, "right")))
+    def windows(self) -> list[_Window]:
+        """Every thread's steps cut into windows of about _WINDOW_RANGES stage ranges each."""
+        windows = []
+        for pid, tid, first, last in self.threads:
+            key = pid * _THREAD_SPAN + tid
+            mine = slice(int(np.searchsorted(self._r_thread, key)), int(np.searchsorted(self._r_thread, key, "right")))
+            launched = np.flatnonzero(self._o_thread == key)
+            launched = launched[np.argsort(self.o_launch[launched], kind="stable")]
+            sync = self._sync.filter(pl.col("thread") == key)
+            waits = union(sync["start"].to_numpy(), sync["end"].to_numpy())
+            cuts = np.unique(np.concatenate([[first], self.r_step[mine][::_WINDOW_RANGES][1:], [last + 1]]))
+            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                start, end = int(self.step_start[a]), int(self.step_end[a:b].max())
+                at = np.searchsorted(self.r_step[mine], [a, b]) + mine.start
+                lo, hi = np.searchsorted(self.o_launch[launched], [start, end])
+                windows.append(_Window(pid, slice(a, b), slice(int(at[0]), int(at[1])), launched[lo:hi], start, end,
+                                       waits))
+        return windows
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A run of one thread's consecutive steps: the unit of work of `_walk`'s passes.
+
+    Nothing in a window depends on the stage ranges or launches of another (ranges lie inside
+    their step, ops belong to the range around their launch), and the GPU ops running during it
+    are found by time; so windows are walked in parallel, each over arrays small enough to reuse
+    memory (fresh pages cost more than the arithmetic on them here) and to stay in cache.
+    """
+
+    pid: int
+    steps: slice  # step ids (a thread's steps are numbered consecutively in time order)
+    ranges: slice  # rows of the stage-range columns
+    launched: np.ndarray  # rows of the ops launched on the thread during the window, in launch order
+    start: int
+    end: int
+    waits: tuple[np.ndarray, np.ndarray]  # the thread's synchronising calls, as a union of pieces
+
+    def cells(self) -> slice:
+        """The window's (step, owner) cells in the flattened step-major per-cell arrays."""
+        return slice(self.steps.start * len(OWNERS), self.steps.stop * len(OWNERS))
 
     def per_cell(self, step: np.ndarray, owner: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        """Sums (or counts) over (step, owner) cells, flattened step-major."""
-        return np.bincount(step * len(OWNERS) + owner, weights=weights, minlength=self.n_steps * len(OWNERS))
+        """Sums (or counts) over the window's cells; `step` counts from the window's first step."""
+        n = (self.steps.stop - self.steps.start) * len(OWNERS)
+        return np.bincount(step * len(OWNERS) + owner, weights=weights, minlength=n).astype(np.int64)
 
 
 def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
-    """Per-step totals per owner, each op's stage and step, and each stage range's wait time."""
+    """Per-step totals per owner, each op's stage and step, and each stage range's wait time.
+
+    Two passes over the windows, each run on all cores: first the host side (the innermost range
+    at every instant, which attributes each op, the waits and the GPU time per stage); then, once
+    every op is attributed, the device side and the critical path.
+    """
     t = _Timeline(trace, steps, stage_ranges)
-    host_cover, op_stage, op_step, wait, gpu = _launches_and_waits(t)
-    device_cover = _device_covers(t, op_stage)
-    crit, crit_gpu = _critical_path(t, host_cover, device_cover)
+    windows = t.windows()
+    op_stage = np.full(t.o_start.size, -1, np.int64)
+    op_step = np.full(t.o_start.size, -1, np.int64)
+    wait = np.zeros(t.r_start.size, np.int64)
+    cells = {column: np.zeros(t.n_steps * len(OWNERS), np.int64)
+             for column in ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns")}
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        host_covers = list(pool.map(lambda w: _host_side(t, w, op_stage, op_step, wait, cells), windows))
+        ops_by_pid = {pid: _DeviceOps(t, pid, op_stage) for pid in {w.pid for w in windows}}
+        list(pool.map(lambda w, host: _critical_path(t, w, host, ops_by_pid[w.pid], op_stage, cells),
+                      windows, host_covers))
     owner_codes = pl.Series(np.tile(np.arange(len(OWNERS)), t.n_steps))
     per_step = pl.DataFrame({
         "step_id": np.repeat(np.arange(t.n_steps, dtype=np.int64), len(OWNERS)),
         "owner": owner_codes.replace_strict(dict(enumerate(OWNERS)), return_dtype=pl.String),
-        "count": t.per_cell(t.r_step, t.r_stage).astype(np.int64),
-        "cpu_ns": t.per_cell(t.r_step, t.r_stage, t.r_end - t.r_start).astype(np.int64),
-        "wait_ns": t.per_cell(t.r_step, t.r_stage, wait).astype(np.int64),
-        "gpu_ns": gpu.astype(np.int64),
-        "crit_ns": crit.astype(np.int64),
-        "crit_gpu_ns": crit_gpu.astype(np.int64),
+        **cells,
     })
     return per_step, op_stage, op_step, wait
 
 
-def _launches_and_waits(t: _Timeline):
-    """Per thread with steps: the innermost stage range of each elementary segment (the host
-    cover), the stage and step of each op launched there, every stage's gpu time, range waits."""
-    op_stage = np.full(t.o_start.size, -1, np.int64)
-    op_step = np.full(t.o_start.size, -1, np.int64)
-    wait = np.zeros(t.r_start.size, np.int64)
-    gpu = np.zeros(t.n_steps * len(OWNERS), np.int64)
-    host_cover = {}
-    for pid, tid in t.threads:
-        mine = t.ranges_of(pid, tid)
-        starts, ends = t.r_start[mine], t.r_end[mine]
-        bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
-        winner = np.where(winner >= 0, winner + mine.start, -1)  # latest-started covering range, as a row
-        host_cover[pid, tid] = (bounds, winner)
-        here = (t.s_pid == pid) & (t.s_tid == tid)
-        wait[mine] = covered_length(*union(t.s_start[here], t.s_end[here]), starts, ends)
+def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tuple[np.ndarray, np.ndarray]:
+    """The window's host cover (the innermost stage range of each elementary segment, as a row),
+    and into the shared arrays (rows and cells of this window only): the stage and step of each
+    op launched in a stage range, every range's wait, and per cell the ranges' count, cpu, wait
+    and GPU time."""
+    starts, ends = t.r_start[w.ranges], t.r_end[w.ranges]
+    bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
+    winner = np.where(winner >= 0, winner + w.ranges.start, -1)  # latest-started covering range, as a row
+    wait[w.ranges] = covered_length(*w.waits, starts, ends)
+    at_launch = segment_of(bounds, winner, t.o_launch[w.launched])
+    hit = at_launch >= 0
+    op_stage[w.launched[hit]] = t.r_stage[at_launch[hit]]
+    op_step[w.launched[hit]] = t.r_step[at_launch[hit]]
 
-        launched = np.flatnonzero((t.o_pid == pid) & (t.o_tid == tid))
-        at_launch = segment_of(bounds, winner, t.o_launch[launched])
-        hit = at_launch >= 0
-        op_stage[launched[hit]] = t.r_stage[at_launch[hit]]
-        op_step[launched[hit]] = t.r_step[at_launch[hit]]
-        cells, ns = _gpu_ns_per_stage(t, mine, launched)
-        np.add.at(gpu, cells, ns)
-    return host_cover, op_stage, op_step, wait, gpu
+    mine = w.cells()
+    step, stage = t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges]
+    cells["count"][mine] += w.per_cell(step, stage)
+    cells["cpu_ns"][mine] += w.per_cell(step, stage, ends - starts)
+    cells["wait_ns"][mine] += w.per_cell(step, stage, wait[w.ranges])
+    gpu_cells, ns = _gpu_ns_per_stage(t, w.ranges, w.launched)
+    np.add.at(cells["gpu_ns"], gpu_cells, ns)
+    return bounds, winner
 
 
 def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(cell, ns): the GPU time of the ops launched inside each stage's ranges on one thread,
-    where an op counts once for every stage with a range around its launch.
+    """(cell, ns): the GPU time of the ops launched inside each stage's ranges (`mine`, of one
+    thread) where `launched` are that thread's ops in launch order; an op counts once for every
+    stage with a range around its launch.
 
     A stage's overlapping ranges are merged first (an op inside two nested ranges of one stage
     counts once); each merged piece sums the durations of the ops launched in it as a difference
     of running sums over the ops in launch order. A piece never spans two steps (ranges lie inside
     their step, and touching ranges are not merged), so it counts for the step of its ranges.
     """
-    launch = t.o_launch[launched]
-    by_launch = np.argsort(launch, kind="stable")
-    launch = launch[by_launch]
-    ns_before = np.concatenate([[0], np.cumsum((t.o_end[launched] - t.o_start[launched])[by_launch])])
+    launch = t.o_launch[launched]  # in launch order
+    ns_before = np.concatenate([[0], np.cumsum(t.o_end[launched] - t.o_start[launched])])
     stages = t.r_stage[mine]
     by_stage = np.argsort(stages, kind="stable")  # start order kept within a stage
     first_of_stage = np.searchsorted(stages[by_stage], np.arange(len(STAGES) + 1))
@@ -280,41 +324,44 @@ def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[
     return np.concatenate(cells), np.concatenate(ns)
 
 
-def _device_covers(t: _Timeline, op_stage: np.ndarray) -> dict:
-    """Per process with steps: the stage of the earliest-launched attributed op running in each
-    elementary segment (ties: lower correlationId, then earlier start)."""
-    covers = {}
-    for pid in {pid for pid, _ in t.threads}:
+class _DeviceOps:
+    """One process's attributed ops in start order: the windows' device covers are cut from them."""
+
+    def __init__(self, t: _Timeline, pid: int, op_stage: np.ndarray):
         attributed = np.flatnonzero((t.o_pid == pid) & (op_stage >= 0))
-        earliest_first = np.lexsort((t.o_start[attributed], t.o_corr[attributed], t.o_launch[attributed]))
-        bounds, winner = first_cover(t.o_start[attributed], t.o_end[attributed], earliest_first)
-        covers[pid] = (bounds, np.where(winner >= 0, op_stage[attributed[winner]], -1))
-    return covers
+        self.by_start = attributed[np.argsort(t.o_start[attributed], kind="stable")]  # loaded in start order: cheap
+        self.starts = t.o_start[self.by_start]
+        self.longest = int((t.o_end[attributed] - t.o_start[attributed]).max(initial=0))
+
+    def running(self, t: _Timeline, start: int, end: int) -> np.ndarray:
+        """Rows of the ops that run at some instant of [start, end)."""
+        lo, hi = np.searchsorted(self.starts, [start - self.longest, end])
+        rows = self.by_start[lo:hi]
+        return rows[t.o_end[rows] > start]
 
 
-def _critical_path(t: _Timeline, host_cover: dict, device_cover: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Cut each thread's steps at every host and device boundary and give each piece to its owner:
-    the device cover's stage, else the host cover's, else `other`. Returns per-cell crit time and
-    the part of it owned through a running GPU op."""
-    crit = np.zeros(t.n_steps * len(OWNERS))
-    crit_gpu = np.zeros(t.n_steps * len(OWNERS))
-    stage_or_other = np.append(t.r_stage, _OTHER)
-    for pid, tid in t.threads:
-        ids = np.flatnonzero((t.step_pid == pid) & (t.step_tid == tid))  # sorted by start, disjoint
-        host_bounds, host_winner = host_cover[pid, tid]
-        device_bounds, device_stage = device_cover[pid]
-        step_bounds = np.column_stack([t.step_start[ids], t.step_end[ids]]).ravel()  # sorted
-        cuts, positions = ranked(step_bounds, host_bounds, device_bounds)
-        # How many bounds of each kind lie at or before each cut: which step, host segment and
-        # device segment the piece [cut, next cut) lies in.
-        step_seen, host_seen, device_seen = (np.cumsum(np.bincount(at, minlength=cuts.size))[:-1] for at in positions)
-        in_step = (step_seen & 1).astype(bool)  # after a step's start, not yet past its end
-        length = np.diff(cuts)[in_step]
-        step = ids[step_seen[in_step] >> 1]
-        on_device = winner_of(device_seen[in_step] - 1, device_stage)
-        on_host = stage_or_other[winner_of(host_seen[in_step] - 1, host_winner)]  # -1 picks the trailing `other`
-        owner = np.where(on_device >= 0, on_device, on_host)
-        crit += t.per_cell(step, owner, length)
-        crit_gpu += t.per_cell(step, owner, np.where(on_device >= 0, length, 0))
-    return crit, crit_gpu
-
+def _critical_path(t: _Timeline, w: _Window, host_cover: tuple[np.ndarray, np.ndarray], device: _DeviceOps,
+                   op_stage: np.ndarray, cells: dict[str, np.ndarray]) -> None:
+    """Cut the window's steps at every host and device boundary and give each piece to its owner:
+    the stage of the earliest-launched attributed op running then (the device cover, ties: lower
+    correlationId, then earlier start), else the host cover's stage, else `other`. Adds each cell's
+    crit time, and the part of it owned through a running GPU op, into the window's cells."""
+    running = device.running(t, w.start, w.end)
+    earliest_first = np.lexsort((t.o_start[running], t.o_corr[running], t.o_launch[running]))
+    device_bounds, winner = first_cover(t.o_start[running], t.o_end[running], earliest_first)
+    device_stage = np.where(winner >= 0, op_stage[running[winner]], -1)
+    host_bounds, host_winner = host_cover
+    step_bounds = np.column_stack([t.step_start[w.steps], t.step_end[w.steps]]).ravel()  # sorted, disjoint
+    cuts, positions = ranked(step_bounds, host_bounds, device_bounds)
+    # How many bounds of each kind lie at or before each cut: which step, host segment and device
+    # segment the piece [cut, next cut) lies in.
+    step_seen, host_seen, device_seen = (np.cumsum(np.bincount(at, minlength=cuts.size))[:-1] for at in positions)
+    in_step = (step_seen & 1).astype(bool)  # after a step's start, not yet past its end
+    length = np.diff(cuts)[in_step]
+    step = step_seen[in_step] >> 1  # counted from the window's first step
+    on_device = winner_of(device_seen[in_step] - 1, device_stage)
+    on_host = t.stage_or_other[winner_of(host_seen[in_step] - 1, host_winner)]  # -1 picks the trailing `other`
+    owner = np.where(on_device >= 0, on_device, on_host)
+    mine = w.cells()
+    cells["crit_ns"][mine] += w.per_cell(step, owner, length)
+    cells["crit_gpu_ns"][mine] += w.per_cell(step, owner, np.where(on_device >= 0, length, 0))

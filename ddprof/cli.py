@@ -277,4 +277,6 @@ def main() -> None:
         app()
     except DdprofError as exc:
         print(f"ddprof: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        process_settings.exit_now(2)
+    except SystemExit as done:
+        process_settings.exit_now(done.code)

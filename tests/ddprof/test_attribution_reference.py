@@ -10,6 +10,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+import ddprof.attribution as attribution_module
 from ddprof.analysis import breakdown
 from ddprof.attribution import attribute
 from ddprof.load import load
@@ -175,6 +176,18 @@ def _check_against_reference(path) -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_fast_attribution_matches_brute_force_on_random_exports(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
+    _check_against_reference(path)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize("seed", range(20))
+def test_walking_in_small_windows_changes_nothing(seed, window, tmp_path, monkeypatch):
+    """The attribution walks each thread's steps in windows of about `_WINDOW_RANGES` stage
+    ranges; windows of one or two ranges cut between almost every step, with ops running on
+    from one window into the next."""
+    monkeypatch.setattr(attribution_module, "_WINDOW_RANGES", window)
     rng = np.random.default_rng(seed)
     path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
     _check_against_reference(path)
