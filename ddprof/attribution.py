@@ -8,8 +8,8 @@ The definitions (issue 4), per step on its thread:
   executing then (ops of the step's process attributed to some stage), else the innermost stage
   range of the step's thread covering it, else `other`.
 "Innermost" is the covering range that started last (the deepest, for nested push/pop ranges).
-Everything is computed per elementary segment with ddprof.intervals, one thread or process at a
-time: no Python loop over ranges, ops or nanoseconds.
+Everything is computed per elementary segment with ddprof.intervals, over windows of a thread's
+consecutive steps walked in parallel: no Python loop over ranges, ops or nanoseconds.
 """
 
 from __future__ import annotations

@@ -194,9 +194,11 @@ static int read_cell(struct scan *s, const u8 *cell, const u8 *page_end, struct 
 i64 scan_table(const u8 *file, i64 file_size, i64 page_size, i64 reserved, i64 root,
                int n_columns, const int *index, const int *mode, i64 capacity,
                i64 **values, u8 **present, u8 *scratch, i64 scratch_size, char *err, int err_size) {
-    struct scan s = {file, file_size / page_size, page_size, page_size - reserved, 0, err, err_size};
+    struct scan s = {file, 0, page_size, page_size - reserved, 0, err, err_size};
     struct columns c = {n_columns, index, mode, -1, capacity, values, present, scratch, scratch_size};
-    if (n_columns > MAX_COLUMNS || s.usable < 480) return fail(&s, "unsupported column count or page size", -1);
+    if (page_size < 512 || s.usable < 480) return fail(&s, "unsupported page size", page_size);
+    s.n_pages = file_size / page_size;
+    if (n_columns > MAX_COLUMNS) return fail(&s, "too many columns:", n_columns);
     for (int j = 0; j < n_columns; j++) {
         if (index[j] >= MAX_COLUMNS) return fail(&s, "column index too large:", index[j]);
         if (index[j] > c.last) c.last = index[j];

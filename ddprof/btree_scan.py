@@ -35,17 +35,17 @@ class ScanError(Exception):
 
 
 class MappedFile:
-    """An SQLite file mapped read-only (pre-faulted: the scans touch most of it), shared by the
-    scans of its tables on several threads."""
+    """An SQLite file mapped read-only, shared by the scans of its tables on several threads."""
 
     def __init__(self, path: Path):
         with open(path, "rb") as f:
             header = f.read(100)
             page_size = int.from_bytes(header[16:18], "big")
             self.page_size = 65536 if page_size == 1 else page_size
-            self.reserved = header[20] if len(header) > 20 else 0
-            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                  prot=mmap.PROT_READ)
+            if len(header) < 100 or self.page_size < 512 or self.page_size & (self.page_size - 1):
+                raise ScanError("not an SQLite file header")
+            self.reserved = header[20]
+            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         self.size = len(self._map)
         self.address = np.frombuffer(self._map, np.uint8).ctypes.data  # the view dies here; the map lives on
 

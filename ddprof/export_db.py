@@ -145,9 +145,11 @@ class ExportDb:
         root, sql = self._execute("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
                                   (table,)).fetchone()
         info = self._execute(f'PRAGMA table_xinfo("{table}")').fetchall()  # cid, name, type, notnull, default, pk, hidden
-        if "WITHOUT ROWID" in sql.upper() or any(row[6] for row in info):
-            raise DdprofError(f"{self.path}: table {table} has a layout ddprof cannot read (WITHOUT ROWID or "
-                              "generated columns): not an Nsight Systems export")
+        # Rows written before an ALTER TABLE ADD COLUMN ... DEFAULT lack the column and mean its
+        # default, which the page reader cannot know; nsys declares no defaults.
+        if "WITHOUT ROWID" in sql.upper() or any(row[6] or row[4] is not None for row in info):
+            raise DdprofError(f"{self.path}: table {table} has a layout ddprof cannot read (WITHOUT ROWID, "
+                              "generated columns or column defaults): not an Nsight Systems export")
         keys = [row for row in info if row[5]]
         alias = keys[0][1] if len(keys) == 1 and keys[0][2].upper() == "INTEGER" else None
         return root, {"rowid": ROWID, **{row[1]: ROWID if row[1] == alias else row[0] for row in info}}

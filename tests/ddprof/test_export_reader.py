@@ -62,6 +62,17 @@ def test_damaged_table_pages_are_a_one_line_error_naming_the_file(tmp_path):
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("create", ["CREATE TABLE t (a INTEGER) WITHOUT ROWID",
+                                    "CREATE TABLE t (a INTEGER PRIMARY KEY, b INTEGER AS (a + 1))",
+                                    "CREATE TABLE t (a INTEGER, b INTEGER DEFAULT 7)"])
+def test_table_layouts_the_page_reader_cannot_read_are_refused(tmp_path, create):
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute(create.replace("INTEGER) WITHOUT", "INTEGER PRIMARY KEY) WITHOUT"))
+    with ExportDb(path) as export, pytest.raises(DdprofError, match="layout ddprof cannot read"):
+        export.table_frame("t", {"a": "a"})
+
+
 def test_an_export_with_uncheckpointed_wal_changes_is_refused(tmp_path):
     path = tmp_path / "wal.sqlite"
     db = sqlite3.connect(path)
