@@ -69,10 +69,7 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
     """Tie a trace's ranges, marks and GPU ops to steps and stages, and walk the critical path."""
     stage_map = stage_map or StageMap.default()
     dropped = _check_incomplete(trace, stage_map, drop_incomplete)
-    mapped = _in_map(trace.flat_ranges, stage_map).with_columns(
-        target=pl.col("name").replace_strict(stage_map.ranges, return_dtype=pl.String))
-    steps = _steps(trace, stage_map, mapped)
-    stage_ranges = _stage_ranges(mapped, steps)
+    steps, stage_ranges = _steps_and_stage_ranges(trace, stage_map)
     tokens, steps = _tokens(trace, stage_map, steps)
     per_step, op_stage, op_step, wait_ns = _walk(trace, steps, stage_ranges)
     attributed = pl.Series(op_step) >= 0
@@ -83,11 +80,19 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
                        tokens, dropped, trace.has_gpu_activity)
 
 
+def _steps_and_stage_ranges(trace: Trace, stage_map: StageMap) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The mapped ranges split into steps and the stage ranges inside them (the mapped frame, a
+    copy of most of the trace's ranges, is freed before the walk needs the memory)."""
+    mapped = _in_map(trace.flat_ranges, stage_map).with_columns(
+        target=pl.col("name").replace_strict(stage_map.ranges, return_dtype=pl.String))
+    steps = _steps(trace, stage_map, mapped)
+    return steps, _stage_ranges(mapped, steps)
+
+
 def _in_map(frame: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:
     """Rows of the map's domain whose name the map knows: other domains never leak into stages."""
-    if stage_map.domain is not None:
-        frame = frame.filter(pl.col("domain") == stage_map.domain)
-    return frame.filter(pl.col("name").is_in(list(stage_map.ranges)))
+    known = pl.col("name").is_in(list(stage_map.ranges))
+    return frame.filter(known if stage_map.domain is None else known & (pl.col("domain") == stage_map.domain))
 
 
 def _check_incomplete(trace: Trace, stage_map: StageMap, drop: bool) -> dict[str, int]:
