@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_kernels import tree_verify_attention_hopper as hopper
+
 # Default tile per element size: (keys per chunk, warps, pipeline stages). 16-bit rows use the
 # tensor cores; float32 rows (tests, CPU interpreter) need smaller tiles to fit shared memory.
 DEFAULT_CONFIG = {2: (64, 8, 2), 4: (16, 8, 1)}
@@ -171,11 +173,15 @@ def cache_num_splits(max_len: int) -> int:
 def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.Tensor,
                           tree_mask: torch.Tensor, scale: float, v_dim: int, *,
                           num_splits: int | None = None, block_n: int | None = None,
-                          num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                          num_warps: int | None = None, num_stages: int | None = None,
+                          kernel: str = "auto") -> torch.Tensor:
     """Same contract as `engine.attention.tree_attention`; returns o [bs, T, H, v_dim] in q's dtype.
 
     q is cast to kv's dtype for the tensor-core products (accumulation is float32). `num_splits`
     defaults to `default_num_splits`; fix it to make results independent of the batch shape.
+    `kernel`: "auto" runs the Hopper kernel (tree_verify_attention_hopper) where it fits and the
+    portable Triton kernel elsewhere; "triton" or "hopper" asks for one (`num_warps` and
+    `num_stages` tune the portable one only).
     """
     bs, T, H, D = q.shape
     rope = D - v_dim
@@ -188,6 +194,12 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
             raise ValueError(f"tree_verify_attention: {name} {dim} must be a power of two >= 16")
     default_n, default_warps, default_stages = DEFAULT_CONFIG[kv.element_size()]
     block_n, num_warps, num_stages = block_n or default_n, num_warps or default_warps, num_stages or default_stages
+    if kernel not in ("auto", "triton", "hopper"):
+        raise ValueError(f"tree_verify_attention: kernel {kernel!r} must be auto, triton or hopper")
+    on_hopper = kernel != "triton" and hopper.fits(q, kv, v_dim, block_n)
+    if kernel == "hopper" and not on_hopper:
+        raise ValueError("tree_verify_attention: the Hopper kernel needs an sm_90 GPU, 16-bit rows, <= 64 heads "
+                         "and tiles that fit in shared memory")
     out = torch.empty(bs, T, H, v_dim, dtype=q.dtype, device=q.device)
     if bs == 0:
         return out
@@ -198,13 +210,16 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
         ws_l = torch.empty_like(ws_m)
     else:
         ws_acc = ws_m = ws_l = out  # unused
-    precision = "ieee" if kv.dtype == torch.float32 else "tf32"
-    _tree_verify_kernel[(bs * T, splits)](
-        q.contiguous(), kv.contiguous(), slots.contiguous(), prefix_lens.contiguous(), tree_mask.contiguous(),
-        out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
-        T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
-        T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
+    inputs = (q.contiguous(), kv.contiguous(), slots.contiguous(), prefix_lens.contiguous(), tree_mask.contiguous())
+    if on_hopper:
+        hopper.launch(*inputs, out, ws_acc, ws_m, ws_l, scale, v_dim, splits, block_n)
+    else:
+        _tree_verify_kernel[(bs * T, splits)](
+            *inputs, out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
+            T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
+            T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits,
+            PRECISION="ieee" if kv.dtype == torch.float32 else "tf32",
+            num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
     if splits > 1:
         _combine_splits_kernel[(bs * T, triton.cdiv(H, BLOCK_H_COMBINE))](
             ws_acc, ws_m, ws_l, out, H=H, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,

@@ -1,10 +1,12 @@
 """tree_verify_attention vs a float64 per-query reference and vs `engine.attention.tree_attention`.
 
-Where each dtype runs: in the Triton interpreter on the CPU the kernel gets float32 inputs (bf16
-`tl.dot` is broken there), float32 products in IEEE mode, so it must match float64 to ~1e-5.
-The `gpu` tests run the compiled kernel at K2 dims (64 heads, 512 latent + 64 rope) on bfloat16
-inputs against the float64 reference (relative error <= 1e-2), plus float32 inputs (<= 1e-5).
-Both tiers also check that a tree node's output is bit-identical to plain decoding of its path.
+Where each kernel and dtype runs: in the Triton interpreter on the CPU the portable kernel gets
+float32 inputs (bf16 `tl.dot` is broken there), float32 products in IEEE mode, so it must match
+float64 to ~1e-5. The `gpu` tests run compiled kernels at K2 dims (64 heads, 512 latent + 64 rope)
+against the float64 reference: bfloat16 inputs (relative error <= 1e-2) take the Hopper kernel on
+an H200 (tree_verify_attention_hopper, Gluon: it cannot run in the interpreter), float32 inputs
+(<= 1e-5) the portable one; the Hopper kernel is also forced on smaller shapes. Both tiers check
+that a tree node's output is bit-identical to plain decoding of its path.
 """
 
 import pytest
@@ -95,6 +97,14 @@ def test_node_equals_plain_decode_of_its_path_bitwise(splits):
                              splits=splits, seed=splits, block_n=16)
 
 
+def test_unknown_or_unavailable_kernels_are_refused():
+    inputs = make_inputs([3], 2, heads=2, latent=32, rope=16, seed=0)
+    with pytest.raises(ValueError, match="kernel 'fast'"):
+        run(inputs, 0.1, 32, torch.float32, kernel="fast")
+    with pytest.raises(ValueError, match="Hopper kernel needs"):
+        run(inputs, 0.1, 32, torch.float32, kernel="hopper")  # float32 rows (and no sm_90 GPU on the CPU)
+
+
 def test_bad_shapes_are_refused():
     q, kv, slots, prefix, mask = make_inputs([3], 2, heads=2, latent=32, rope=16, seed=0)
     with pytest.raises(ValueError, match="v_dim 24"):
@@ -123,3 +133,15 @@ def test_k2_node_equals_plain_decode_bitwise_on_gpu(splits):
     # prefix % 64 = 62: deeper nodes' plain decode reads the last prefix chunk as a full chunk.
     node_equals_plain_decode(heads=64, latent=512, rope=64, prefix=3006, budget=16, dtype=torch.bfloat16,
                              splits=splits, seed=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,latent,rope", [(16, 128, 32), (64, 512, 64), (5, 64, 16)])
+@pytest.mark.parametrize("prefix_lens,budget,splits", [([300, 7, 90], 8, 1), ([1000], 0, 3), ([64, 129], 16, 2)])
+def test_hopper_kernel_matches_float64_on_gpu(heads, latent, rope, prefix_lens, budget, splits):
+    inputs = make_inputs(prefix_lens, budget, heads=heads, latent=latent, rope=rope, seed=heads + budget)
+    inputs = tuple(x.to(DEVICE).to(torch.bfloat16) if x.is_floating_point() else x.to(DEVICE) for x in inputs)
+    want = float64_reference(*inputs, 0.1, latent)
+    for block_n in (16, 64):
+        got = run(inputs, 0.1, latent, torch.bfloat16, num_splits=splits, block_n=block_n, kernel="hopper")
+        assert rel_error(got, want) <= 1e-2
