@@ -124,7 +124,8 @@ def _tree_verify_hopper_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, o
     q_nope_smem.store(q_nope.to(dtype))
     q_rope_smem.store(q_rope.to(dtype))
 
-    # Keys this query sees: the prefix, then its visible block columns (ancestors and itself).
+    # Keys this query sees: the prefix, then its visible block columns (ancestors and itself); the
+    # portable kernel's split arithmetic, restated (a Gluon kernel cannot call a Triton function).
     cols = gl.arange(0, T_PAD, layout=gl.SliceLayout(0, narrow))
     mask_row = mask_ptr + query * T
     n_visible = gl.sum(gl.load(mask_row + cols, mask=cols < T, other=0).to(gl.int32), 0)
