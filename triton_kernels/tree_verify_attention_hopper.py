@@ -6,7 +6,8 @@ Why a second kernel: `tl.dot` places every warp of a chained-dot kernel along M,
 the tensor-core work is wasted (q.k is 576 deep, p.v 512 wide). Gluon makes the layouts explicit:
 each warpgroup computes the scores of half the keys of a chunk (64 x BLOCK_N/2) and the output of
 half the value dims (64 x DV/2); P goes through shared memory so both see every key. Key rows are
-copied into a two-deep shared-memory ring with cp.async while the previous chunk computes.
+copied into a two-deep shared-memory ring with cp.async while the previous chunk computes (the
+query's rows with the first chunk).
 
 Arithmetic order is the portable kernel's (keys in position order, chunks of BLOCK_N, splits merged
 by its combine kernel), so a tree node still gets the same bits as plain decoding of its path. The
@@ -113,17 +114,6 @@ def _tree_verify_hopper_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, o
                                             gl.NVMMASharedLayout.get_default_for([BLOCK_N, DR], dtype))
     p_smem = gl.allocate_shared_memory(dtype, [M, BLOCK_N], gl.NVMMASharedLayout.get_default_for([M, BLOCK_N], dtype))
 
-    heads_w = gl.arange(0, M, layout=gl.SliceLayout(1, wide))
-    heads_n = gl.arange(0, M, layout=gl.SliceLayout(1, narrow))
-    dv = gl.arange(0, DV, layout=gl.SliceLayout(0, wide))
-    dr = gl.arange(0, DR, layout=gl.SliceLayout(0, narrow))
-    q_nope = gl.load(q_ptr + gl.expand_dims((query * H + heads_w) * D, 1) + gl.expand_dims(dv, 0),
-                     mask=gl.expand_dims(heads_w < H, 1), other=0.0)
-    q_rope = gl.load(q_ptr + gl.expand_dims((query * H + heads_n) * D + DV, 1) + gl.expand_dims(dr, 0),
-                     mask=gl.expand_dims(heads_n < H, 1), other=0.0)
-    q_nope_smem.store(q_nope.to(dtype))
-    q_rope_smem.store(q_rope.to(dtype))
-
     # Keys this query sees: the prefix, then its visible block columns (ancestors and itself); the
     # portable kernel's split arithmetic, restated (a Gluon kernel cannot call a Triton function).
     cols = gl.arange(0, T_PAD, layout=gl.SliceLayout(0, narrow))
@@ -140,6 +130,15 @@ def _tree_verify_hopper_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, o
     l_i = gl.zeros([M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([M, DV], gl.float32, layout=o_layout)
     keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    # The query's rows (padded heads are never stored) travel with the first chunk: one commit group.
+    heads_w = gl.arange(0, M, layout=gl.SliceLayout(1, wide))
+    heads_n = gl.arange(0, M, layout=gl.SliceLayout(1, narrow))
+    async_copy.async_copy_global_to_shared(
+        q_nope_smem, q_ptr + gl.expand_dims((query * H + heads_w) * D, 1)
+        + gl.expand_dims(gl.arange(0, DV, layout=gl.SliceLayout(0, wide)), 0), mask=gl.expand_dims(heads_w < H, 1))
+    async_copy.async_copy_global_to_shared(
+        q_rope_smem, q_ptr + gl.expand_dims((query * H + heads_n) * D + DV, 1)
+        + gl.expand_dims(gl.arange(0, DR, layout=gl.SliceLayout(0, narrow)), 0), mask=gl.expand_dims(heads_n < H, 1))
     _copy_chunk(k_nope_smem.index(0), k_rope_smem.index(0), rows_base, lo, prefix, hi, mask_row, T, BLOCK_N, DV, DR,
                 wide, narrow)
     for start in range(lo, hi, BLOCK_N):
@@ -194,6 +193,6 @@ def launch(q, kv, slots, prefix_lens, tree_mask, out, ws_acc, ws_m, ws_l, scale:
     """Run the kernel over the (query, split) grid; `tree_verify_attention` prepares and merges."""
     bs, T, H, D = q.shape
     _tree_verify_hopper_kernel[(bs * T, splits)](
-        q, kv, slots, prefix_lens, tree_mask, out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
+        q.to(kv.dtype), kv, slots, prefix_lens, tree_mask, out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
         T=T, H=H, DV=v_dim, DR=D - v_dim, T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n,
         NUM_SPLITS=splits, num_warps=NUM_WARPS, enable_fp_fusion=False)
