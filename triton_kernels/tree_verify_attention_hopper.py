@@ -28,8 +28,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 ROWS = 64  # one warpgroup MMA tile of heads; fewer heads are padded
 NUM_WARPS = 8  # two warpgroups
-NUM_BUF = 2  # key chunks in flight
-SMEM_BYTES = 232448  # per block on sm_90; the kernel's reductions need a little more than its tiles
+NUM_BUF = 2  # key chunks in shared memory: the kernel's two-deep ring
+SMEM_BYTES = 232448  # shared memory per block on sm_90
 
 
 def fits(q: torch.Tensor, kv: torch.Tensor, v_dim: int, block_n: int) -> bool:
@@ -40,7 +40,8 @@ def fits(q: torch.Tensor, kv: torch.Tensor, v_dim: int, block_n: int) -> bool:
     smem = 2 * (ROWS * dim + NUM_BUF * block_n * dim + ROWS * block_n)
     return (kv.is_cuda and torch.cuda.get_device_capability(kv.device) == (9, 0)
             and kv.dtype in (torch.bfloat16, torch.float16) and heads <= ROWS and 16 <= v_dim <= 512
-            and rope >= 16 and rope & (rope - 1) == 0 and block_n >= 16 and smem <= SMEM_BYTES - 1024)
+            and rope >= 16 and rope & (rope - 1) == 0 and block_n >= 16
+            and smem <= SMEM_BYTES - 1024)  # its reductions use a little more than the tiles
 
 
 @gluon.jit
