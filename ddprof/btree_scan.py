@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class MappedFile:
         self._map.close()
 
 
-def scan_table(file: MappedFile, root_page: int, columns: list[tuple[int, int]]
+def scan_table(file: MappedFile, root_page: int, columns: list[tuple[int, str]]
                ) -> tuple[int, list[np.ndarray | None], list[np.ndarray | None]]:
     """Row count, and values (int64, 0 where NULL) and presence (bool: not NULL) of the columns of
     the rowid table whose B-tree starts at `root_page`, in rowid order. Each column is (index, one
@@ -80,8 +81,16 @@ def _pointers(arrays: list[np.ndarray | None]):
     return (ctypes.c_void_p * len(arrays))(*(None if a is None else a.ctypes.data for a in arrays))
 
 
-@cache
+_BUILDING = threading.Lock()  # the reader threads of one export all ask for the library at once
+
+
 def _library() -> ctypes.CDLL:
+    with _BUILDING:
+        return _built_library()
+
+
+@cache
+def _built_library() -> ctypes.CDLL:
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
     built = _cache_dir() / f"btree_scan-{digest}.so"
@@ -111,7 +120,7 @@ def _compile(target: Path) -> None:
     if compiler is None:
         raise DdprofError("ddprof builds a small C reader for SQLite exports and found no C compiler "
                           "(cc, gcc or clang): install one (Debian: apt-get install gcc)")
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    partial = target.with_suffix(f".{os.getpid()}.tmp")  # other processes may build it too
     done = subprocess.run([compiler, *_FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True)
     if done.returncode != 0:
         raise DdprofError(f"{SOURCE}: {compiler} failed to build it: {' '.join(done.stderr.split())[:300]}")

@@ -181,8 +181,3 @@ class ExportDb:
     def scalar(self, sql: str):
         row = self._execute(sql).fetchone()
         return row[0] if row else None
-
-
-def _one_line(exc: Exception) -> str:
-    """A driver's message on one line (ADBC appends the query on a second one)."""
-    return " ".join(str(exc).split())

@@ -4,8 +4,11 @@ A million-range breakdown is a second of work on two cores, so what the process 
 shows (measured with `perf` on benchmarks/breakdown_scale.py's export):
 - OpenBLAS's worker threads busy-wait after numpy starts them, taking a core from the export
   readers; ddprof does no matrix products, so its numpy needs one thread.
-- glibc hands freed blocks between 128 KiB and 32 MiB back to the kernel, and the next array of
-  that size faults and zeroes its pages again; the analysis allocates and frees hundreds of them.
+- Allocators hand freed memory back to the kernel, and the next array faults and zeroes its pages
+  again (on this VM a fresh page costs more than the arithmetic done on it); the analysis
+  allocates and frees hundreds of large arrays. So glibc keeps what it frees (no trimming, blocks
+  up to 32 MiB from the heap, one arena for the reader threads too) and polars' jemalloc keeps
+  its dirty pages.
 - Python's cycle collector walks the import-time objects again and again while the command runs;
   a command's objects live until it exits, so collecting cycles buys nothing.
 - At exit the interpreter frees a million-row analysis object by object, which takes longer

@@ -7,12 +7,14 @@ rows were written (short records). Damaged files must give a ScanError, never a 
 """
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ddprof import btree_scan
 from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, ROWID, MappedFile, ScanError, _compile, scan_table
 from ddprof.errors import DdprofError
 
@@ -154,3 +156,26 @@ def test_a_compiler_that_fails_is_a_one_line_error(tmp_path, monkeypatch):
     with pytest.raises(DdprofError, match="false failed to build it") as caught:
         _compile(tmp_path / "reader.so")
     assert "\n" not in str(caught.value) and not (tmp_path / "reader.so").exists()
+
+
+def test_reader_threads_that_all_need_the_library_first_build_it_once(tmp_path, monkeypatch):
+    """An export's reader threads ask for the C library at the same moment on a fresh machine."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(btree_scan, "_compile", counting := _CountingCompile(btree_scan._compile))
+    btree_scan._built_library.cache_clear()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            libraries = list(pool.map(lambda _: btree_scan._library(), range(4)))
+        assert counting.calls == 1 and len({id(lib) for lib in libraries}) == 1
+        assert list((tmp_path / "ddprof").glob("*.tmp")) == []
+    finally:
+        btree_scan._built_library.cache_clear()  # later tests load the shared cache's build again
+
+
+class _CountingCompile:
+    def __init__(self, compile_):
+        self.compile, self.calls = compile_, 0
+
+    def __call__(self, target):
+        self.calls += 1
+        self.compile(target)
