@@ -75,6 +75,13 @@ def test_float32_matches_float64_reference(prefix_lens, budget, splits, block_n)
     assert rel_error(got.cpu(), tree_attention(*inputs, 0.3, 32).double()) < 1e-5
 
 
+def test_many_splits_with_odd_head_counts_merge_to_the_float64_reference():
+    # 5 heads (a merge tile runs past the last head), 9 splits of 16 keys (most of them empty).
+    inputs = make_inputs([20, 100], 4, heads=5, latent=16, rope=16, seed=7)
+    got = run(inputs, 0.3, 16, torch.float32, num_splits=9, block_n=16)
+    assert rel_error(got.cpu(), float64_reference(*inputs, 0.3, 16)) < 1e-5
+
+
 def node_equals_plain_decode(heads, latent, rope, prefix, budget, dtype, splits, seed, block_n=64):
     """Verify a tree, then decode each node's path alone from a compacted copy: outputs must be equal."""
     q, kv, slots, prefix_lens, mask = make_inputs([prefix], budget, heads, latent, rope, seed, n_slots=2)
@@ -90,7 +97,7 @@ def node_equals_plain_decode(heads, latent, rope, prefix, budget, dtype, splits,
         assert torch.equal(plain[0, 0], tree_out[0, t]), f"node {t} differs from plain decode of its path"
 
 
-@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("splits", [1, 2, 9])  # 9: merged by the many-splits kernel
 def test_node_equals_plain_decode_of_its_path_bitwise(splits):
     # 16-key chunks: the prefix spans whole chunks, then a chunk shared with tree rows.
     node_equals_plain_decode(heads=4, latent=32, rope=16, prefix=45, budget=9, dtype=torch.float32,
@@ -122,13 +129,13 @@ def test_k2_dims_match_float64_on_gpu(prefix_lens, budget, dtype, tolerance):
     want = float64_reference(*inputs, 0.07, 512)
     if dtype == torch.bfloat16:  # the reference sees the same rounded inputs
         want = float64_reference(*(x.to(dtype) if x.is_floating_point() else x for x in inputs), 0.07, 512)
-    for splits in (None, 1, 5):
+    for splits in (None, 1, 5, 12):  # 12: the many-splits merge
         got = run(inputs, 0.07, 512, dtype, num_splits=splits)
         assert got.dtype == dtype and rel_error(got, want) <= tolerance
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits", [1, 4, 16])
 def test_k2_node_equals_plain_decode_bitwise_on_gpu(splits):
     # prefix % 64 = 62: deeper nodes' plain decode reads the last prefix chunk as a full chunk.
     node_equals_plain_decode(heads=64, latent=512, rope=64, prefix=3006, budget=16, dtype=torch.bfloat16,
