@@ -195,14 +195,19 @@ def _sm_count(device_index: int) -> int:
 
 
 def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> int:
-    """Fewest splits whose programs fill the GPU's last wave at least 90%, with >= 64 keys (one chunk) each.
+    """Fewest splits whose programs fill the GPU's last wave at least 90%, with >= 256 keys each, or
+    >= 64 (one chunk) when the queries alone fill at most a quarter of the SMs.
 
     One program per query runs per SM at a time, so bs * T * splits programs take
-    ceil(programs / SMs) waves; a nearly empty last wave would cost as much as a full one.
+    ceil(programs / SMs) waves; a nearly empty last wave would cost as much as a full one. A split
+    also has a fixed cost (loading the query, filling the pipeline, writing and merging its partial
+    result), so one-chunk splits pay only where few queries would leave most SMs idle (on the H200,
+    bs 1 decode gained from them; bs 8 verify at 1k keys lost).
     """
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
     queries = bs * T
-    most = max(1, min(sms, max_len // 64))
+    min_keys = 64 if 4 * queries <= sms else 256
+    most = max(1, min(sms, max_len // min_keys))
     fill = [(queries * s / (triton.cdiv(queries * s, sms) * sms), s) for s in range(1, most + 1)]
     good = [s for f, s in fill if f >= 0.9]
     return good[0] if good else max(fill)[1]
