@@ -15,7 +15,7 @@ without multiply-add contraction so that arithmetic cannot differ between compil
 (e.g. for T = 1 and T = 1 + budget).
 
 Long prefixes: the key range of every query is cut into `num_splits` equal parts (rounded to
-whole chunks), each a program; a second kernel merges the partial softmax states.
+whole chunks), each a program; a second kernel merges the partial softmax states (combine_splits).
 The split count is an argument: the same count gives the same bits whatever the batch.
 """
 
@@ -29,14 +29,11 @@ import triton
 import triton.language as tl
 
 from triton_kernels import tree_verify_attention_hopper as hopper
+from triton_kernels.combine_splits import combine_splits
 
 # Default tile per element size: (keys per chunk, warps, pipeline stages). 16-bit rows use the
 # tensor cores; float32 rows (tests, CPU interpreter) need smaller tiles to fit shared memory.
 DEFAULT_CONFIG = {2: (64, 8, 2), 4: (16, 8, 1)}
-# Merging split partials: heads per program of the loop kernel, and the most splits it takes (above,
-# the all-at-once kernel is faster; measured on the H200, benchmarks/verify_attention.py).
-BLOCK_H_COMBINE = 16
-COMBINE_LOOP_MAX_SPLITS = 8
 
 
 @triton.jit
@@ -121,74 +118,6 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
         tl.store(ws_l_ptr + part, l_i, mask=real_head)
 
 
-@triton.jit
-def _combine_few_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
-                           NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Merge the splits' (max, sum, weighted values) one split after another; empty splits weigh 0.
-    For few splits (see COMBINE_LOOP_MAX_SPLITS): wide tiles, few programs per query."""
-    query = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    real_head = heads < H
-    dv = tl.arange(0, DV)
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    for split in range(NUM_SPLITS):
-        part = (query * NUM_SPLITS + split) * H + heads
-        m_s = tl.load(ws_m_ptr + part, mask=real_head, other=0.0)
-        l_s = tl.load(ws_l_ptr + part, mask=real_head, other=0.0)
-        acc_s = tl.load(ws_acc_ptr + part[:, None] * DV + dv[None, :], mask=real_head[:, None], other=0.0)
-        m_new = tl.maximum(m, m_s)  # split 0 always holds keys, so m_new is finite
-        alpha = tl.exp2(m - m_new)
-        beta = tl.exp2(m_s - m_new)
-        l = l * alpha + l_s * beta
-        acc = acc * alpha[:, None] + acc_s * beta[:, None]
-        m = m_new
-    out = acc / tl.where(real_head, l, 1.0)[:, None]
-    tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=real_head[:, None])
-
-
-@triton.jit
-def _combine_many_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
-                                NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
-                                BLOCK_DV: tl.constexpr):
-    """Merge all splits of a tile of heads x value dims at once: rescale every split to the largest
-    max, then sum. For many splits, where the loop above, one load after another, took longer than
-    the attention itself (batch 1 decode). Empty splits weigh 0."""
-    query = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    real_head = heads < H
-    splits = tl.arange(0, SPLITS_PAD)
-    real = (splits[:, None] < NUM_SPLITS) & real_head[None, :]
-    part = (query * NUM_SPLITS + splits)[:, None] * H + heads[None, :]  # [splits, heads]
-    m_s = tl.load(ws_m_ptr + part, mask=real, other=float("-inf"))
-    l_s = tl.load(ws_l_ptr + part, mask=real, other=0.0)
-    acc_s = tl.load(ws_acc_ptr + part[:, :, None] * DV + dv[None, None, :], mask=real[:, :, None], other=0.0)
-    m = tl.where(real_head, tl.max(m_s, 0), 0.0)  # split 0 always holds keys, so m is finite
-    weight = tl.exp2(m_s - m[None, :])
-    out = tl.sum(acc_s * weight[:, :, None], 0) / tl.where(real_head, tl.sum(l_s * weight, 0), 1.0)[:, None]
-    tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=real_head[:, None])
-
-
-def _combine(ws_acc, ws_m, ws_l, out, queries: int, splits: int, heads: int, v_dim: int) -> None:
-    """Merge the splits' partial softmax states into `out`. The kernel depends on the split count
-    alone, never on the batch, so a node and plain decoding of its path still get the same bits."""
-    if splits <= COMBINE_LOOP_MAX_SPLITS:
-        _combine_few_splits_kernel[(queries, triton.cdiv(heads, BLOCK_H_COMBINE))](
-            ws_acc, ws_m, ws_l, out, H=heads, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
-            enable_fp_fusion=False)
-        return
-    splits_pad = triton.next_power_of_2(splits)  # a tile of about 8k partial values
-    block_dv = min(v_dim, max(16, 8192 // splits_pad), 128)
-    block_h = max(1, min(triton.next_power_of_2(heads), 8192 // (splits_pad * block_dv)))
-    _combine_many_splits_kernel[(queries, triton.cdiv(heads, block_h), triton.cdiv(v_dim, block_dv))](
-        ws_acc, ws_m, ws_l, out, H=heads, DV=v_dim, NUM_SPLITS=splits, SPLITS_PAD=splits_pad, BLOCK_H=block_h,
-        BLOCK_DV=block_dv, num_warps=4, enable_fp_fusion=False)
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -270,5 +199,5 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
             PRECISION="ieee" if kv.dtype == torch.float32 else "tf32",
             num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
     if splits > 1:
-        _combine(ws_acc, ws_m, ws_l, out, bs * T, splits, H, v_dim)
+        combine_splits(ws_acc, ws_m, ws_l, out, bs * T, splits, H, v_dim)
     return out
