@@ -10,7 +10,7 @@ copied into a two-deep shared-memory ring with cp.async while the previous chunk
 query's rows with the first chunk).
 
 Arithmetic order is the portable kernel's (keys in position order, chunks of BLOCK_N, splits merged
-by its combine kernel), so a tree node still gets the same bits as plain decoding of its path. The
+by combine_splits), so a tree node still gets the same bits as plain decoding of its path. The
 Triton interpreter cannot run Gluon: on the CPU the portable kernel is tested, and this one is held
 to the same reference by the `gpu` tests (tests/triton_kernels/test_tree_verify_attention.py).
 """
