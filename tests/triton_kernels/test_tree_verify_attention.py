@@ -14,7 +14,8 @@ import torch
 
 from engine.attention import tree_attention
 from engine.tree import build_tree_cpu
-from triton_kernels.tree_verify_attention import tree_verify_attention
+import triton_kernels.tree_verify_attention as tva
+from triton_kernels.tree_verify_attention import default_num_splits, tree_verify_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -102,6 +103,22 @@ def test_node_equals_plain_decode_of_its_path_bitwise(splits):
     # 16-key chunks: the prefix spans whole chunks, then a chunk shared with tree rows.
     node_equals_plain_decode(heads=4, latent=32, rope=16, prefix=45, budget=9, dtype=torch.float32,
                              splits=splits, seed=splits, block_n=16)
+
+
+@pytest.mark.parametrize("bs,T,max_len,want", [
+    (1, 1, 32769, 119),  # one query: 119 one-chunk-or-longer splits fill 90% of 132 SMs
+    (1, 1, 4097, 64),  # ... but splits never go below one chunk (64 keys)
+    (1, 9, 4105, 14),  # 126 programs
+    (8, 1, 16385, 15),  # 120 programs
+    (8, 9, 1033, 3),  # 72 queries fill over a quarter of the SMs: splits keep >= 256 keys
+    (8, 17, 1041, 4),
+    (64, 1, 4097, 2),  # 128 programs
+    (64, 33, 32801, 1),  # 2112 queries fill 16 waves exactly
+    (1, 1, 40, 1),  # shorter than a chunk
+])
+def test_default_split_counts(monkeypatch, bs, T, max_len, want):
+    monkeypatch.setattr(tva, "_sm_count", lambda index: 132)  # an H200; the rule is host arithmetic
+    assert default_num_splits(bs, T, max_len, torch.device("cuda", 0)) == want
 
 
 def test_unknown_or_unavailable_kernels_are_refused():
