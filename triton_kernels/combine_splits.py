@@ -8,10 +8,10 @@ split 0 always holds keys, so M is finite.
 
 Two kernels, chosen by the split count alone (never by the batch, so a tree node and plain decoding
 of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, a loop over the splits with
-wide tiles (few programs per query suffice); beyond, all splits of a smaller tile at once: at
-batch 1 with 64 splits the loop, one load after another, made a 32k-key decode call three times
-slower (H200, benchmarks/results/verify_attention.json before and after). Reference:
-`combine_splits_reference`.
+wide tiles (few programs per query suffice); beyond, all splits of a smaller tile at once, since
+the loop loads one split after another: a batch-1 decode call over 32k keys took 89 us with the
+loop and 64 splits, 30 us with this kernel and 119 (H200, benchmarks/results/verify_attention.json
+before and after). Reference: `combine_splits_reference`.
 """
 
 from __future__ import annotations
