@@ -1,17 +1,22 @@
-"""Merge split-KV partial softmax states into attention outputs.
+"""Merge split-KV partial attention outputs into final outputs.
 
-`tree_verify_attention` cuts a long key range into splits, one program each, and each leaves a
-partial state per (query, split, head), in float32: m, the largest base-2 logit it saw; l, the sum of
-exp2(s - m); acc, the sum of exp2(s - m) * v. The output is sum_s 2^(m_s - M) acc_s / sum_s
-2^(m_s - M) l_s, with M the largest m_s. A split that saw no key holds (-inf, 0, 0) and weighs 0;
-split 0 always holds keys, so M is finite.
+`tree_verify_attention` cuts a long key range into splits, one program each, and each leaves per
+(query, split, head) its normalised partial output o_s (softmax over its own keys, times v) and
+lse_s, the base-2 log of its softmax sum (float32). The output is sum_s 2^(lse_s - M) o_s /
+sum_s 2^(lse_s - M), with M the largest lse_s. A split that saw no key holds (0, -inf) and weighs
+0; split 0 always holds keys, so M is finite.
 
 Two kernels, chosen by the split count alone (never by the batch, so a tree node and plain decoding
-of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, a loop over the splits with
-wide tiles (few programs per query suffice); beyond, all splits of a smaller tile at once, since
-the loop loads one split after another: a batch-1 decode call over 32k keys took 89 us with the
-loop and 64 splits, 30 us with this kernel and 119 (H200, benchmarks/results/verify_attention.json
-before and after). Reference: `combine_splits_reference`.
+of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, a loop over the splits on
+tiles of heads x all value dims; beyond (batch 1-8 with 64-key splits), all splits of one head's
+value slice at once, since a loop loads one split after another: a batch-1 decode call over 32k
+keys took 89 us with the loop and 64 splits, 30 us with this kernel and 119 (H200,
+benchmarks/results/verify_attention.json of commits 9f638bd and cc61c12).
+
+`partial_dtype` says what o_s is stored in: the output's dtype for the loop kernel (bf16 halves
+the partials' traffic: 136 queries x 7 splits merged in 24 us instead of 36 on the H200), float32
+for the other, which reads bf16 tiles slower than float32 ones there (13 us against 4.3 at 9
+queries x 14 splits; benchmarks/results/combine_splits.json). Reference: `combine_splits_reference`.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_H_COMBINE = 16  # heads per program of the loop kernel
+BLOCK_H_COMBINE = 4  # heads per program of the loop kernel
+BLOCK_DV_COMBINE = 256  # value dims per program of the all-splits kernel
 COMBINE_LOOP_MAX_SPLITS = 8
 
 
 @triton.jit
-def _combine_few_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
+def _combine_few_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
                                NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr):
     """One split after another, on tiles of BLOCK_H heads x all value dims."""
     query = tl.program_id(0).to(tl.int64)
@@ -33,65 +39,61 @@ def _combine_few_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.co
     real_head = heads < H
     dv = tl.arange(0, DV)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_H], tl.float32)
+    weights = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     for split in range(NUM_SPLITS):
         part = (query * NUM_SPLITS + split) * H + heads
-        m_s = tl.load(ws_m_ptr + part, mask=real_head, other=0.0)
-        l_s = tl.load(ws_l_ptr + part, mask=real_head, other=0.0)
-        acc_s = tl.load(ws_acc_ptr + part[:, None] * DV + dv[None, :], mask=real_head[:, None], other=0.0)
-        m_new = tl.maximum(m, m_s)  # split 0 always holds keys, so m_new is finite
+        lse = tl.load(ws_lse_ptr + part, mask=real_head, other=0.0)
+        o = tl.load(ws_o_ptr + part[:, None] * DV + dv[None, :], mask=real_head[:, None], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, lse)  # split 0 always holds keys, so m_new is finite
         alpha = tl.exp2(m - m_new)
-        beta = tl.exp2(m_s - m_new)
-        l = l * alpha + l_s * beta
-        acc = acc * alpha[:, None] + acc_s * beta[:, None]
+        beta = tl.exp2(lse - m_new)
+        weights = weights * alpha + beta
+        acc = acc * alpha[:, None] + o * beta[:, None]
         m = m_new
-    out = acc / tl.where(real_head, l, 1.0)[:, None]
+    out = acc / tl.where(real_head, weights, 1.0)[:, None]
     tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
              mask=real_head[:, None])
 
 
 @triton.jit
-def _combine_many_splits_kernel(ws_acc_ptr, ws_m_ptr, ws_l_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
-                                NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
-                                BLOCK_DV: tl.constexpr):
-    """All splits of a smaller tile at once: rescale every split to the largest max, then sum."""
+def _combine_many_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
+                                NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """All splits of one head's BLOCK_DV value dims at once: weigh each against the largest lse, sum."""
     query = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head = tl.program_id(1)
     dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    real_head = heads < H
     splits = tl.arange(0, SPLITS_PAD)
-    real = (splits[:, None] < NUM_SPLITS) & real_head[None, :]
-    part = (query * NUM_SPLITS + splits)[:, None] * H + heads[None, :]  # [splits, heads]
-    m_s = tl.load(ws_m_ptr + part, mask=real, other=float("-inf"))
-    l_s = tl.load(ws_l_ptr + part, mask=real, other=0.0)
-    acc_s = tl.load(ws_acc_ptr + part[:, :, None] * DV + dv[None, None, :], mask=real[:, :, None], other=0.0)
-    m = tl.where(real_head, tl.max(m_s, 0), 0.0)  # split 0 always holds keys, so m is finite
-    weight = tl.exp2(m_s - m[None, :])
-    out = tl.sum(acc_s * weight[:, :, None], 0) / tl.where(real_head, tl.sum(l_s * weight, 0), 1.0)[:, None]
-    tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=real_head[:, None])
+    part = (query * NUM_SPLITS + splits) * H + head
+    lse = tl.load(ws_lse_ptr + part, mask=splits < NUM_SPLITS, other=float("-inf"))
+    o = tl.load(ws_o_ptr + part[:, None] * DV + dv[None, :], mask=(splits < NUM_SPLITS)[:, None], other=0.0)
+    weight = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds keys, so the max is finite
+    out = tl.sum(o.to(tl.float32) * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(out_ptr + (query * H + head) * DV + dv, out.to(out_ptr.dtype.element_ty))
 
 
-def combine_splits(ws_acc: torch.Tensor, ws_m: torch.Tensor, ws_l: torch.Tensor, out: torch.Tensor, queries: int,
-                   splits: int, heads: int, v_dim: int) -> None:
-    """Write out[query, head, :] from contiguous float32 partial states laid out [query, split, head]
-    (ws_acc: [..., v_dim], v_dim a power of two); `out` may be any float dtype. Same result as
-    `combine_splits_reference`."""
+def partial_dtype(splits: int, out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype `combine_splits` wants the partial outputs o_s in (see the module docstring)."""
+    return out_dtype if splits <= COMBINE_LOOP_MAX_SPLITS else torch.float32
+
+
+def combine_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor, queries: int, splits: int,
+                   heads: int, v_dim: int) -> None:
+    """Write out[query, head, :] from contiguous partials laid out [query, split, head] (ws_o:
+    [..., v_dim], v_dim a power of two, in any float dtype, fastest in `partial_dtype`; ws_lse
+    float32); `out` may be any float dtype. Same result as `combine_splits_reference`."""
     if splits <= COMBINE_LOOP_MAX_SPLITS:
         _combine_few_splits_kernel[(queries, triton.cdiv(heads, BLOCK_H_COMBINE))](
-            ws_acc, ws_m, ws_l, out, H=heads, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
+            ws_o, ws_lse, out, H=heads, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
             enable_fp_fusion=False)
         return
-    splits_pad = triton.next_power_of_2(splits)  # a tile of about 8k partial values
-    block_dv = min(v_dim, max(16, 8192 // splits_pad), 128)
-    block_h = max(1, min(triton.next_power_of_2(heads), 8192 // (splits_pad * block_dv)))
-    _combine_many_splits_kernel[(queries, triton.cdiv(heads, block_h), triton.cdiv(v_dim, block_dv))](
-        ws_acc, ws_m, ws_l, out, H=heads, DV=v_dim, NUM_SPLITS=splits, SPLITS_PAD=splits_pad, BLOCK_H=block_h,
+    block_dv = min(v_dim, BLOCK_DV_COMBINE)
+    _combine_many_splits_kernel[(queries, heads, v_dim // block_dv)](
+        ws_o, ws_lse, out, H=heads, DV=v_dim, NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
         BLOCK_DV=block_dv, num_warps=4, enable_fp_fusion=False)
 
 
-def combine_splits_reference(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """acc [queries, splits, heads, v_dim], m and l [queries, splits, heads] -> [queries, heads, v_dim]."""
-    weight = torch.exp2(m - m.amax(dim=1, keepdim=True))
-    return (acc * weight[..., None]).sum(1) / (l * weight).sum(1)[..., None]
+def combine_splits_reference(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """o [queries, splits, heads, v_dim], lse [queries, splits, heads] -> [queries, heads, v_dim]."""
+    weight = torch.exp2(lse - lse.amax(dim=1, keepdim=True))
+    return (o * weight[..., None]).sum(1) / weight.sum(1)[..., None]

@@ -15,7 +15,8 @@ without multiply-add contraction so that arithmetic cannot differ between compil
 (e.g. for T = 1 and T = 1 + budget).
 
 Long prefixes: the key range of every query is cut into `num_splits` equal parts (rounded to
-whole chunks), each a program; a second kernel merges the partial softmax states (combine_splits).
+whole chunks), each a program that leaves a normalised partial output and its log-sum-exp; a
+second kernel merges them (combine_splits).
 The split count is an argument: the same count gives the same bits whatever the batch.
 """
 
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels import tree_verify_attention_hopper as hopper
-from triton_kernels.combine_splits import combine_splits
+from triton_kernels.combine_splits import combine_splits, partial_dtype
 
 # Default tile per element size: (keys per chunk, warps, pipeline stages). 16-bit rows use the
 # tensor cores; float32 rows (tests, CPU interpreter) need smaller tiles to fit shared memory.
@@ -54,8 +55,7 @@ def _attend_chunk(q_nope, q_rope, row_ptrs, valid, m_i, l_i, acc, qk_scale,
 
 
 @triton.jit
-def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr, ws_acc_ptr, ws_m_ptr, ws_l_ptr,
-                        max_len, qk_scale,
+def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, o_ptr, lse_ptr, max_len, qk_scale,
                         T: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr, DV: tl.constexpr,
                         DR: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
@@ -106,16 +106,13 @@ def _tree_verify_kernel(q_ptr, kv_ptr, slots_ptr, prefix_ptr, mask_ptr, out_ptr,
         m_i, l_i, acc = _attend_chunk(q_nope, q_rope, rows_base + rows.to(tl.int64) * D, pos < hi,
                                       m_i, l_i, acc, qk_scale, DV, DR, PRECISION)
 
-    dv = tl.arange(0, DV)
-    if NUM_SPLITS == 1:
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + (query * H + heads)[:, None] * DV + dv[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=real_head[:, None])
-    else:
-        part = (query * NUM_SPLITS + split) * H + heads
-        tl.store(ws_acc_ptr + part[:, None] * DV + dv[None, :], acc, mask=real_head[:, None])
-        tl.store(ws_m_ptr + part, m_i, mask=real_head)
-        tl.store(ws_l_ptr + part, l_i, mask=real_head)
+    # Normalised output; an empty split (no keys: l = 0) leaves o = 0 and lse = -inf (combine_splits).
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    part = (query * NUM_SPLITS + split) * H + heads  # = query * H + heads without splits
+    tl.store(o_ptr + part[:, None] * DV + tl.arange(0, DV)[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=real_head[:, None])
+    if NUM_SPLITS > 1:
+        tl.store(lse_ptr + part, m_i + tl.log2(l_i), mask=real_head)
 
 
 @functools.cache
@@ -182,22 +179,21 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
     if bs == 0:
         return out
     splits = num_splits or default_num_splits(bs, T, kv.shape[1], q.device)
-    if splits > 1:
-        ws_acc = torch.empty(bs * T * splits * H * v_dim, dtype=torch.float32, device=q.device)
-        ws_m = torch.empty(bs * T * splits * H, dtype=torch.float32, device=q.device)
-        ws_l = torch.empty_like(ws_m)
-    else:
-        ws_acc = ws_m = ws_l = out  # unused
+    if splits > 1:  # per (query, split, head): a normalised output and its log-sum-exp (combine_splits)
+        ws_o = torch.empty(bs * T * splits * H * v_dim, dtype=partial_dtype(splits, out.dtype), device=q.device)
+        ws_lse = torch.empty(bs * T * splits * H, dtype=torch.float32, device=q.device)
+    else:  # the kernel writes the output itself (and no lse)
+        ws_o = ws_lse = out
     inputs = (q.contiguous(), kv.contiguous(), slots.contiguous(), prefix_lens.contiguous(), tree_mask.contiguous())
     if on_hopper:
-        hopper.launch(*inputs, out, ws_acc, ws_m, ws_l, scale, v_dim, splits, block_n)
+        hopper.launch(*inputs, ws_o, ws_lse, scale, v_dim, splits, block_n)
     else:
         _tree_verify_kernel[(bs * T, splits)](
-            *inputs, out, ws_acc, ws_m, ws_l, kv.shape[1], scale * math.log2(math.e),
+            *inputs, ws_o, ws_lse, kv.shape[1], scale * math.log2(math.e),
             T=T, H=H, BLOCK_H=max(16, triton.next_power_of_2(H)), DV=v_dim, DR=rope,
             T_PAD=max(2, triton.next_power_of_2(T)), BLOCK_N=block_n, NUM_SPLITS=splits,
             PRECISION="ieee" if kv.dtype == torch.float32 else "tf32",
             num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False)
     if splits > 1:
-        combine_splits(ws_acc, ws_m, ws_l, out, bs * T, splits, H, v_dim)
+        combine_splits(ws_o, ws_lse, out, bs * T, splits, H, v_dim)
     return out
