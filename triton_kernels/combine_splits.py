@@ -16,7 +16,11 @@ benchmarks/results/verify_attention.json of commits 9f638bd and cc61c12).
 `partial_dtype` says what o_s is stored in: the output's dtype for the loop kernel (bf16 halves
 the partials' traffic: 136 queries x 7 splits merged in 24 us instead of 36 on the H200), float32
 for the other, which reads bf16 tiles slower than float32 ones there (13 us against 4.3 at 9
-queries x 14 splits; benchmarks/results/combine_splits.json). Reference: `combine_splits_reference`.
+queries x 14 splits; benchmarks/results/combine_splits.json). End to end (attention + merge,
+benchmarks/results/verify_splits.json) bf16 partials gain about 2% at batch 8 with 5-7 splits and
+lose 9% at batch 1, budget 16 (17 queries x 7 splits); the choice may depend on the split count
+only, not on the number of queries, or a tree node would no longer match plain decoding of its
+path bit for bit. Reference: `combine_splits_reference`.
 """
 
 from __future__ import annotations
