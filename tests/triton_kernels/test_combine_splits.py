@@ -9,7 +9,8 @@ multiple of a tile and empty splits (o = 0, lse = -inf) are included.
 import pytest
 import torch
 
-from triton_kernels.combine_splits import COMBINE_LOOP_MAX_SPLITS, combine_splits, combine_splits_reference
+from triton_kernels.combine_splits import (COMBINE_LOOP_MAX_SPLITS, combine_splits, combine_splits_reference,
+                                          partial_dtype)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -43,3 +44,9 @@ def test_one_split_with_keys_among_empty_ones_is_returned_as_is():
     out = torch.empty(1, 4, 16, device=DEVICE)
     combine_splits(o.to(DEVICE), lse.to(DEVICE), out, 1, 12, 4, 16)
     torch.testing.assert_close(out.cpu(), o[:, 0], rtol=1e-6, atol=0)
+
+
+def test_partials_are_16_bit_only_where_the_loop_kernel_merges_them():
+    assert partial_dtype(COMBINE_LOOP_MAX_SPLITS, torch.bfloat16) == torch.bfloat16
+    assert partial_dtype(COMBINE_LOOP_MAX_SPLITS + 1, torch.bfloat16) == torch.float32
+    assert partial_dtype(2, torch.float32) == torch.float32
