@@ -1,10 +1,10 @@
 """The split merge alone (combine_splits), float32 vs bfloat16 partial outputs, at the split counts
 tree_verify_attention picks for K2 dims (64 heads, 512 value dims) on the H200.
 
-Why: `partial_dtype` stores partials in the output's dtype where that is faster to merge and in
-float32 where it is not; this table is the evidence. Times are GPU time per call from CUDA-graph
-replays with the partials warm in L2 (the attention kernel has just written them). Run from the
-repo root:
+Why: tree_verify_attention stores partials in the output's dtype (bf16 at K2 dims), which halves
+the bytes the attention writes and the merge reads; this table says what the merge alone gains or
+loses by it, per kernel. Times are GPU time per call from CUDA-graph replays with the partials warm
+in L2 (the attention kernel has just written them). Run from the repo root:
     python3 benchmarks/combine_splits.py [--out FILE]
 """
 
@@ -20,11 +20,11 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
-from triton_kernels.combine_splits import COMBINE_LOOP_MAX_SPLITS, combine_splits, partial_dtype  # noqa: E402
+from triton_kernels.combine_splits import COMBINE_LOOP_MAX_SPLITS, combine_splits  # noqa: E402
 
 HEADS, V_DIM = 64, 512
 # (queries = bs * T, splits): default_num_splits' picks at bs 1 / 8 (verify_attention.json).
-SHAPES = ((1, 64), (1, 119), (9, 14), (8, 15), (72, 5), (136, 7), (17, 7))
+SHAPES = ((1, 64), (1, 119), (9, 14), (8, 15), (72, 5), (136, 7), (17, 7), (33, 12))
 
 
 def main() -> None:
@@ -43,12 +43,11 @@ def main() -> None:
             ms = triton.testing.do_bench_cudagraph(
                 lambda: combine_splits(o, lse, out, queries, splits, HEADS, V_DIM), rep=50, return_mode="median")
             times[str(dtype).removeprefix("torch.")] = ms * 1e3
-        chosen = str(partial_dtype(splits, torch.bfloat16)).removeprefix("torch.")
         rows.append({"queries": queries, "splits": splits,
                      "kernel": "loop" if splits <= COMBINE_LOOP_MAX_SPLITS else "all_splits",
-                     "float32_us": times["float32"], "bfloat16_us": times["bfloat16"], "partial_dtype": chosen})
+                     "float32_us": times["float32"], "bfloat16_us": times["bfloat16"]})
         print(f"queries {queries:>3} splits {splits:>3} ({rows[-1]['kernel']:>10}): float32 {times['float32']:6.1f} us"
-              f"  bfloat16 {times['bfloat16']:6.1f} us  -> partials in {chosen}", flush=True)
+              f"  bfloat16 {times['bfloat16']:6.1f} us", flush=True)
     write_result(args.out, result)
 
 

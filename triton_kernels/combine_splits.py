@@ -11,16 +11,13 @@ of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, a loop over
 tiles of heads x all value dims; beyond (batch 1-8 with 64-key splits), all splits of one head's
 value slice at once, since a loop loads one split after another: a batch-1 decode call over 32k
 keys took 89 us with the loop and 64 splits, 30 us with this kernel and 119 (H200,
-benchmarks/results/verify_attention.json of commits 9f638bd and cc61c12).
+benchmarks/results/verify_attention.json of commits 9f638bd and cc61c12). Its programs run head
+after head of one query (neighbours read neighbouring rows), on value slices of COMBINE_TILE /
+splits dims (more values per program spill registers).
 
-`partial_dtype` says what o_s is stored in: the output's dtype for the loop kernel (bf16 halves
-the partials' traffic: 136 queries x 7 splits merged in 24 us instead of 36 on the H200), float32
-for the other, which reads bf16 tiles slower than float32 ones there (13 us against 4.3 at 9
-queries x 14 splits; benchmarks/results/combine_splits.json). End to end (attention + merge,
-benchmarks/results/verify_splits.json) bf16 partials gain about 2% at batch 8 with 5-7 splits and
-lose 9% at batch 1, budget 16 (17 queries x 7 splits); the choice may depend on the split count
-only, not on the number of queries, or a tree node would no longer match plain decoding of its
-path bit for bit. Reference: `combine_splits_reference`.
+The partials are in the output's dtype (bf16 at K2 dims: half the bytes of float32 to write and to
+read back); benchmarks/results/combine_splits.json has the merge alone in either dtype.
+Reference: `combine_splits_reference`.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import triton
 import triton.language as tl
 
 BLOCK_H_COMBINE = 4  # heads per program of the loop kernel
-BLOCK_DV_COMBINE = 256  # value dims per program of the all-splits kernel
+COMBINE_TILE = 16384  # split x value-dim elements per program of the all-splits kernel
 COMBINE_LOOP_MAX_SPLITS = 8
 
 
@@ -64,9 +61,10 @@ def _combine_few_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, D
 def _combine_many_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
                                 NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_DV: tl.constexpr):
     """All splits of one head's BLOCK_DV value dims at once: weigh each against the largest lse, sum."""
-    query = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    pid = tl.program_id(0)
+    head = pid % H
+    dv = (pid // H) % (DV // BLOCK_DV) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    query = (pid // (H * (DV // BLOCK_DV))).to(tl.int64)
     splits = tl.arange(0, SPLITS_PAD)
     part = (query * NUM_SPLITS + splits) * H + head
     lse = tl.load(ws_lse_ptr + part, mask=splits < NUM_SPLITS, other=float("-inf"))
@@ -76,24 +74,20 @@ def _combine_many_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, 
     tl.store(out_ptr + (query * H + head) * DV + dv, out.to(out_ptr.dtype.element_ty))
 
 
-def partial_dtype(splits: int, out_dtype: torch.dtype) -> torch.dtype:
-    """The dtype `combine_splits` wants the partial outputs o_s in (see the module docstring)."""
-    return out_dtype if splits <= COMBINE_LOOP_MAX_SPLITS else torch.float32
-
-
 def combine_splits(ws_o: torch.Tensor, ws_lse: torch.Tensor, out: torch.Tensor, queries: int, splits: int,
                    heads: int, v_dim: int) -> None:
     """Write out[query, head, :] from contiguous partials laid out [query, split, head] (ws_o:
-    [..., v_dim], v_dim a power of two, in any float dtype, fastest in `partial_dtype`; ws_lse
-    float32); `out` may be any float dtype. Same result as `combine_splits_reference`."""
+    [..., v_dim], v_dim a power of two, in any float dtype; ws_lse float32); `out` may be any float
+    dtype. Same result as `combine_splits_reference`."""
     if splits <= COMBINE_LOOP_MAX_SPLITS:
         _combine_few_splits_kernel[(queries, triton.cdiv(heads, BLOCK_H_COMBINE))](
             ws_o, ws_lse, out, H=heads, DV=v_dim, NUM_SPLITS=splits, BLOCK_H=BLOCK_H_COMBINE, num_warps=4,
             enable_fp_fusion=False)
         return
-    block_dv = min(v_dim, BLOCK_DV_COMBINE)
-    _combine_many_splits_kernel[(queries, heads, v_dim // block_dv)](
-        ws_o, ws_lse, out, H=heads, DV=v_dim, NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
+    splits_pad = triton.next_power_of_2(splits)
+    block_dv = min(v_dim, max(16, COMBINE_TILE // splits_pad))
+    _combine_many_splits_kernel[(queries * heads * (v_dim // block_dv),)](
+        ws_o, ws_lse, out, H=heads, DV=v_dim, NUM_SPLITS=splits, SPLITS_PAD=splits_pad,
         BLOCK_DV=block_dv, num_warps=4, enable_fp_fusion=False)
 
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from triton_kernels import tree_verify_attention_hopper as hopper
-from triton_kernels.combine_splits import combine_splits, partial_dtype
+from triton_kernels.combine_splits import combine_splits
 
 # Default tile per element size: (keys per chunk, warps, pipeline stages). 16-bit rows use the
 # tensor cores; float32 rows (tests, CPU interpreter) need smaller tiles to fit shared memory.
@@ -180,7 +180,7 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
         return out
     splits = num_splits or default_num_splits(bs, T, kv.shape[1], q.device)
     if splits > 1:  # per (query, split, head): a normalised output and its log-sum-exp (combine_splits)
-        ws_o = torch.empty(bs * T * splits * H * v_dim, dtype=partial_dtype(splits, out.dtype), device=q.device)
+        ws_o = torch.empty(bs * T * splits * H * v_dim, dtype=out.dtype, device=q.device)
         ws_lse = torch.empty(bs * T * splits * H, dtype=torch.float32, device=q.device)
     else:  # the kernel writes the output itself (and no lse)
         ws_o = ws_lse = out

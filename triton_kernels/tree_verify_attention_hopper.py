@@ -42,14 +42,15 @@ SMEM_BYTES = 232448  # shared memory per block on sm_90
 
 def fits(q: torch.Tensor, kv: torch.Tensor, v_dim: int, block_n: int) -> bool:
     """Whether this kernel serves these inputs: a Hopper GPU, 16-bit rows, at most 64 heads, value
-    halves and rope dims the warpgroup MMA shapes allow, and tiles that fit in shared memory."""
+    halves and rope dims the warpgroup MMA shapes allow, tiles that fit in shared memory, and a key
+    ring that holds a float32 output half (the loader stages its half of the output there)."""
     heads, dim = q.shape[2], q.shape[3]
     rope = dim - v_dim
     rows, bufs = ROWS.value, NUM_BUF.value
     smem = 2 * (rows * dim + bufs * block_n * dim + rows * block_n)
     return (kv.is_cuda and torch.cuda.get_device_capability(kv.device) == (9, 0)
             and kv.dtype in (torch.bfloat16, torch.float16) and heads <= rows and 32 <= v_dim <= 512
-            and rope >= 16 and rope & (rope - 1) == 0 and 16 <= block_n <= 256
+            and rope >= 16 and rope & (rope - 1) == 0 and rows <= bufs * block_n and block_n <= 256
             and smem <= SMEM_BYTES - 1024)  # rescale factors, barriers and reductions use a little more
 
 
@@ -105,17 +106,33 @@ def _half_out_layout(dv):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, dv // 2, 16])
 
 
+@triton.constexpr_function
+def _store_layouts(width, bits):
+    """For storing a [rows, width] output tile: a blocked register layout with 16 bytes per thread and
+    a warp along a row, and a swizzled shared layout of 16-byte pieces to stage the tile in."""
+    vec = 128 // bits
+    lanes = min(32, width // vec)
+    return (gl.BlockedLayout([1, vec], [32 // lanes, lanes], [WARPS.value, 1], [1, 0]),
+            gl.SwizzledSharedLayout(vec, 1, min(8, width // vec), [1, 0]))
+
+
 @gluon.jit
-def _store_half(acc, l_i, o_ptr, query, split, first_dim, H: gl.constexpr, DV: gl.constexpr,
+def _store_half(acc, l_i, staging, o_ptr, query, split, first_dim, H: gl.constexpr, DV: gl.constexpr,
                 NUM_SPLITS: gl.constexpr):
     """Store dims first_dim.. + DV/2 of the normalised output (a split's partial when NUM_SPLITS > 1;
-    an empty split, l = 0, stores 0)."""
-    layout: gl.constexpr = _half_out_layout(DV)
-    heads = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    dims = first_dim + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, layout))
+    an empty split, l = 0, stores 0). The tile goes through `staging`, shared memory this warpgroup
+    no longer reads, so that each thread stores 16 contiguous bytes: straight from the MMA layout a
+    thread stores 2 values at a time, and bf16 partials were slower to write than float32 ones."""
+    dtype: gl.constexpr = o_ptr.dtype.element_ty
+    layouts: gl.constexpr = _store_layouts(DV // 2, dtype.primitive_bitwidth)
     o = acc / gl.expand_dims(gl.where(l_i > 0, l_i, 1.0), 1)
+    tile = staging._reinterpret(dtype, [ROWS, DV // 2], layouts[1])
+    tile.store(o.to(dtype))
+    gl.thread_barrier()
+    heads = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layouts[0]))
+    dims = first_dim + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, layouts[0]))
     part = (query * NUM_SPLITS + split) * H  # = query * H without splits
-    gl.store(o_ptr + gl.expand_dims((part + heads) * DV, 1) + gl.expand_dims(dims, 0), o.to(o_ptr.dtype.element_ty),
+    gl.store(o_ptr + gl.expand_dims((part + heads) * DV, 1) + gl.expand_dims(dims, 0), tile.load(layouts[0]),
              mask=gl.expand_dims(heads < H, 1))
 
 
@@ -164,7 +181,9 @@ def _scores_partition(q_nope_smem, q_rope_smem, k_nope_smem, k_rope_smem, p_smem
     l_smem.store(l_i)
     gl.thread_barrier()
     mbarrier.arrive(l_ready)
-    _store_half(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), o_ptr, query, split, 0, H, DV, NUM_SPLITS)
+    # Staged in the query's shared memory: only this warpgroup's MMAs read it, and they are done.
+    _store_half(acc, gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), q_nope_smem, o_ptr, query, split, 0, H, DV,
+                NUM_SPLITS)
     if NUM_SPLITS > 1:
         heads = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         gl.store(lse_ptr + (query * NUM_SPLITS + split) * H + heads, m_i + gl.log2(l_i), mask=heads < H)
@@ -198,7 +217,9 @@ def _loader_partition(k_nope_smem, k_rope_smem, p_smem, alpha_smem, l_smem, k_re
         mbarrier.arrive(k_free.index(n % NUM_BUF))
     async_copy.wait_group(0)
     mbarrier.wait(l_ready, 0)
-    _store_half(acc, l_smem.load(gl.SliceLayout(1, o_layout)), o_ptr, query, split, DV // 2, H, DV, NUM_SPLITS)
+    # Staged in the key ring: after l_ready the scores warpgroup reads no key, and this one's copies have landed.
+    _store_half(acc, l_smem.load(gl.SliceLayout(1, o_layout)), k_nope_smem, o_ptr, query, split, DV // 2, H, DV,
+                NUM_SPLITS)
 
 
 @gluon.jit

@@ -9,8 +9,7 @@ multiple of a tile and empty splits (o = 0, lse = -inf) are included.
 import pytest
 import torch
 
-from triton_kernels.combine_splits import (COMBINE_LOOP_MAX_SPLITS, combine_splits, combine_splits_reference,
-                                          partial_dtype)
+from triton_kernels.combine_splits import COMBINE_LOOP_MAX_SPLITS, combine_splits, combine_splits_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -46,7 +45,10 @@ def test_one_split_with_keys_among_empty_ones_is_returned_as_is():
     torch.testing.assert_close(out.cpu(), o[:, 0], rtol=1e-6, atol=0)
 
 
-def test_partials_are_16_bit_only_where_the_loop_kernel_merges_them():
-    assert partial_dtype(COMBINE_LOOP_MAX_SPLITS, torch.bfloat16) == torch.bfloat16
-    assert partial_dtype(COMBINE_LOOP_MAX_SPLITS + 1, torch.bfloat16) == torch.float32
-    assert partial_dtype(2, torch.float32) == torch.float32
+def test_many_splits_merge_value_slices_of_a_wide_head():
+    # 100 splits of 256 value dims: the all-splits kernel takes the dims in slices (COMBINE_TILE)
+    o, lse = partials(2, 100, 3, 256, seed=7)
+    out = torch.empty(2, 3, 256, device=DEVICE)
+    combine_splits(o.to(DEVICE), lse.to(DEVICE), out, 2, 100, 3, 256)
+    want = combine_splits_reference(o.double(), lse.double())
+    assert ((out.cpu().double() - want).norm() / want.norm()).item() < 1e-5

@@ -166,6 +166,9 @@ def test_hopper_kernel_matches_float64_on_gpu(heads, latent, rope, prefix_lens, 
     inputs = make_inputs(prefix_lens, budget, heads=heads, latent=latent, rope=rope, seed=heads + budget)
     inputs = tuple(x.to(DEVICE).to(torch.bfloat16) if x.is_floating_point() else x.to(DEVICE) for x in inputs)
     want = float64_reference(*inputs, 0.1, latent)
-    for block_n in (16, 64):
-        got = run(inputs, 0.1, latent, torch.bfloat16, num_splits=splits, block_n=block_n, kernel="hopper")
-        assert rel_error(got, want) <= 1e-2
+    q, rest = inputs[0], inputs[1:]
+    # float32 queries: a float32 output (and float32 partials) staged through the same shared memory
+    for block_n, q_dtype in ((32, torch.bfloat16), (64, torch.bfloat16), (64, torch.float32)):
+        got = tree_verify_attention(q.to(q_dtype), *rest, 0.1, latent, num_splits=splits, block_n=block_n,
+                                    kernel="hopper")
+        assert got.dtype == q_dtype and rel_error(got, want) <= 1e-2
