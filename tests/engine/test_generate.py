@@ -12,6 +12,7 @@ import torch
 import engine.ddtree
 from engine.errors import EngineError
 from engine.generate import generate
+from tests.engine.gpu_builder import models_for_gpu_builder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,7 +42,7 @@ def test_cli_ddtree_prints_the_ar_tokens():
 
 def test_cli_gpu_builder_without_cuda_is_a_one_line_error():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = cli("--model", "tiny", "--builder", "gpu", "--prompt", "hi", env=env)
+    done = cli("--model", "tiny", "--builder", "gpu", "--device", "cpu", "--prompt", "hi", env=env)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: --builder gpu")
 
@@ -57,9 +58,7 @@ def test_missing_gpu_builder_is_named(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("triton_kernels.tree_build") is None, reason="no GPU builder yet")
 def test_gpu_builder_is_lossless_too(tiny):
     """The Triton builder (interpreted on the CPU) is what the step calls with builder="gpu"."""
-    target, drafter = tiny
-    if not torch.cuda.is_available():
-        assert os.environ.get("TRITON_INTERPRET") == "1"  # set by tests/conftest.py
+    target, drafter = models_for_gpu_builder(tiny)
     prompts = [[256, 72, 105], [256] + [70] * 12]
     ar = generate(target, drafter, prompts, mode="ar", max_new_tokens=8, nvtx=False)
     gpu = generate(target, drafter, prompts, mode="ddtree", builder="gpu", budget=6, max_new_tokens=8, nvtx=False)
