@@ -173,8 +173,8 @@ def tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor
         raise ValueError(f"tree_verify_attention: kernel {kernel!r} must be auto, triton or hopper")
     on_hopper = kernel != "triton" and hopper.fits(q, kv, v_dim, block_n)
     if kernel == "hopper" and not on_hopper:
-        raise ValueError("tree_verify_attention: the Hopper kernel needs an sm_90 GPU, 16-bit rows, <= 64 heads "
-                         "and tiles that fit in shared memory")
+        raise ValueError("tree_verify_attention: the Hopper kernel needs an sm_90 GPU, 16-bit rows, <= 64 heads, "
+                         "32 <= block_n <= 256 and tiles that fit in shared memory")
     out = torch.empty(bs, T, H, v_dim, dtype=q.dtype, device=q.device)
     if bs == 0:
         return out
