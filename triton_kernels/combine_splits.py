@@ -7,9 +7,11 @@ sum_s 2^(lse_s - M), with M the largest lse_s. A split that saw no key holds (0,
 0; split 0 always holds keys, so M is finite.
 
 Two kernels, chosen by the split count alone (never by the batch, so a tree node and plain decoding
-of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, a loop over the splits on
-tiles of heads x all value dims; beyond (batch 1-8 with 64-key splits), all splits of one head's
-value slice at once, since a loop loads one split after another: a batch-1 decode call over 32k
+of its path still get the same bits): up to COMBINE_LOOP_MAX_SPLITS, an unrolled loop over the
+splits on tiles of heads x all value dims (unrolled, every split's loads are in flight at once: 136
+queries x 7 bf16 splits merge in 18.8 us instead of 24.0 rolled, benchmarks/results/combine_splits.json
+before and after the change); beyond (batch 1-8 with 64-key splits), all splits of one head's value
+slice at once, since a rolled loop loads one split after another: a batch-1 decode call over 32k
 keys took 89 us with the loop and 64 splits, 30 us with this kernel and 119 (H200,
 benchmarks/results/verify_attention.json of commits 9f638bd and cc61c12). Its programs run head
 after head of one query (neighbours read neighbouring rows), on value slices of COMBINE_TILE /
@@ -34,7 +36,7 @@ COMBINE_LOOP_MAX_SPLITS = 8
 @triton.jit
 def _combine_few_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, DV: tl.constexpr,
                                NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One split after another, on tiles of BLOCK_H heads x all value dims."""
+    """Split after split (in a fixed order), on tiles of BLOCK_H heads x all value dims."""
     query = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     real_head = heads < H
@@ -42,7 +44,7 @@ def _combine_few_splits_kernel(ws_o_ptr, ws_lse_ptr, out_ptr, H: tl.constexpr, D
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     weights = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    for split in range(NUM_SPLITS):
+    for split in tl.static_range(NUM_SPLITS):
         part = (query * NUM_SPLITS + split) * H + heads
         lse = tl.load(ws_lse_ptr + part, mask=real_head, other=0.0)
         o = tl.load(ws_o_ptr + part[:, None] * DV + dv[None, :], mask=real_head[:, None], other=0.0).to(tl.float32)
