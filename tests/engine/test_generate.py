@@ -57,7 +57,7 @@ def test_missing_gpu_builder_is_named(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton_kernels.tree_build") is None, reason="no GPU builder yet")
 def test_gpu_builder_is_lossless_too(tiny):
-    """The Triton builder (interpreted on the CPU) is what the step calls with builder="gpu"."""
+    """The Triton builder (on CUDA, or interpreted on the CPU) is what the step calls with builder="gpu"."""
     target, drafter = models_for_gpu_builder(tiny)
     prompts = [[256, 72, 105], [256] + [70] * 12]
     ar = generate(target, drafter, prompts, mode="ar", max_new_tokens=8, nvtx=False)
