@@ -1,7 +1,7 @@
 """Fixed and per-chunk cost of a tree_verify_attention program, measured on the call itself (H200).
 
 Why: the points under 50% of the roofline floor (benchmarks/results/verify_attention.json: batch 1
-and 8 at 4k keys, batch-1 decode) give each (query, split) program 1-5 chunks of 64 keys. This says
+and 8 at 4k keys, batch-1 decode) give each (query, split) program 2-10 chunks of 64 keys. This says
 how much of such a call is paid once per program (launch, loading the query, the first chunk's
 latency, writing the output or partial) and how much per chunk: at a fixed split count the prefix
 grows by one chunk per program at a time, the attention kernel alone is timed, and
