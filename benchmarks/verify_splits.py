@@ -1,8 +1,9 @@
 """Split counts of tree_verify_attention at the points that stay under 50% of the roofline floor
 (benchmarks/results/verify_attention.json), on the H200.
 
-Why: `default_num_splits` picks the fewest splits that fill the GPU's last wave >= 90%; this
-measures other counts end to end (attention + merge), so a better rule can be argued from numbers.
+Why: `default_num_splits` picks a split count from a cost model; this measures other counts end
+to end (attention + merge), so the rule can be checked against numbers (the committed results were
+measured while the rule was "fewest splits filling the last wave >= 90%").
 For each point: GPU time per call (cold L2, CUDA-graph replays, as in verify_attention.py) at
 several split counts, the default marked. Run from the repo root:
     python3 benchmarks/verify_splits.py [--out FILE]

@@ -23,6 +23,7 @@ The split count is an argument: the same count gives the same bits whatever the 
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 
 import torch
@@ -120,23 +121,48 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> int:
-    """Fewest splits whose programs fill the GPU's last wave at least 90%, with >= 256 keys each, or
-    >= 64 (one chunk) when the queries alone fill at most a quarter of the SMs.
+# What a (query, split) program costs on the H200 (benchmarks/results/verify_fixed_cost.json): a fixed
+# part (launch, query load, the first chunk's latency, the output write), a part per chunk of keys
+# (compute-bound, unless the distinct key streams of the running programs outrun the bandwidth they
+# reached at bs 8 decode), and the merge's second kernel.
+PROGRAM_US, CHUNK_US, MERGE_US = 7.5, 2.2, 4.5
+KEY_BYTES_PER_US = 3.3e6
+CHUNK_KEYS, CHUNK_BYTES = 64, 64 * 576 * 2  # the default chunk of K2 rows (16-bit, 512 + 64 wide)
 
-    One program per query runs per SM at a time, so bs * T * splits programs take
-    ceil(programs / SMs) waves; a nearly empty last wave would cost as much as a full one. A split
-    also has a fixed cost (loading the query, filling the pipeline, writing and merging its partial
-    result), so one-chunk splits pay only where few queries would leave most SMs idle (on the H200,
-    bs 1 decode gained from them; bs 8 verify at 1k keys lost).
+
+def _predicted_us(chunks_per_split: list[int], queries: int, T: int, sms: int) -> float:
+    """Time of one call: programs start in grid order (split after split, every query of a split) on
+    the first free SM, one per SM at a time; a chunk takes CHUNK_US or the bandwidth share of the key
+    streams running at once (T queries of a request read the same keys)."""
+    programs = [chunks for chunks in chunks_per_split if chunks for _ in range(queries)]
+    chunk_us = max(CHUNK_US, min(len(programs), sms) / T * CHUNK_BYTES / KEY_BYTES_PER_US)
+    free_at = [0.0] * sms
+    end = 0.0
+    for chunks in programs:
+        done = heapq.heappop(free_at) + PROGRAM_US + chunks * chunk_us
+        end = max(end, done)
+        heapq.heappush(free_at, done)
+    return end + (MERGE_US if len(chunks_per_split) > 1 else 0.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> int:
+    """The split count with the shortest predicted call (`_predicted_us`), fewest splits on a tie.
+
+    More splits mean more programs to fill the SMs and fewer chunks each, but each program pays a
+    fixed cost and the last wave may run nearly empty; a split's keys are whole chunks, so the last
+    split is shorter (its programs fill the tail). The prediction uses the cache length, not the
+    requests' own (those live on the device).
     """
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
     queries = bs * T
-    min_keys = 64 if 4 * queries <= sms else 256
-    most = max(1, min(sms, max_len // min_keys))
-    fill = [(queries * s / (triton.cdiv(queries * s, sms) * sms), s) for s in range(1, most + 1)]
-    good = [s for f, s in fill if f >= 0.9]
-    return good[0] if good else max(fill)[1]
+    most = max(1, min(sms, triton.cdiv(max_len, CHUNK_KEYS), 16 * sms // queries))
+
+    def chunks_per_split(splits: int) -> list[int]:
+        span = triton.cdiv(triton.cdiv(max_len, splits), CHUNK_KEYS) * CHUNK_KEYS
+        return [triton.cdiv(max(0, min(span, max_len - i * span)), CHUNK_KEYS) for i in range(splits)]
+
+    return min(range(1, most + 1), key=lambda s: (_predicted_us(chunks_per_split(s), queries, T, sms), s))
 
 
 def cache_num_splits(max_len: int) -> int:

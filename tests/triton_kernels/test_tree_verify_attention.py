@@ -106,12 +106,12 @@ def test_node_equals_plain_decode_of_its_path_bitwise(splits):
 
 
 @pytest.mark.parametrize("bs,T,max_len,want", [
-    (1, 1, 32769, 119),  # one query: 119 one-chunk-or-longer splits fill 90% of 132 SMs
-    (1, 1, 4097, 64),  # ... but splits never go below one chunk (64 keys)
-    (1, 9, 4105, 14),  # 126 programs
-    (8, 1, 16385, 15),  # 120 programs
-    (8, 9, 1033, 3),  # 72 queries fill over a quarter of the SMs: splits keep >= 256 keys
-    (8, 17, 1041, 4),
+    (1, 1, 32769, 103),  # one query: 103 five-chunk splits (320 keys) cover 32769 keys
+    (1, 1, 4097, 65),  # one chunk each (the last holds one key)
+    (1, 9, 4105, 13),  # 117 programs of 5 chunks
+    (8, 1, 16385, 13),
+    (8, 17, 4113, 4),  # 544 programs: the short last split fills the fifth wave's tail
+    (1, 17, 4113, 8),  # 136 programs, the last 17 of 2 chunks
     (64, 1, 4097, 2),  # 128 programs
     (64, 33, 32801, 1),  # 2112 queries fill 16 waves exactly
     (1, 1, 40, 1),  # shorter than a chunk
