@@ -156,6 +156,8 @@ def default_num_splits(bs: int, T: int, max_len: int, device: torch.device) -> i
     """
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 4
     queries = bs * T
+    # Candidates: up to one split per SM and per chunk, and at most 16 waves of programs (beyond,
+    # more splits only add fixed costs; the cap keeps the prediction cheap for large batches).
     most = max(1, min(sms, triton.cdiv(max_len, CHUNK_KEYS), 16 * sms // queries))
 
     def chunks_per_split(splits: int) -> list[int]:
