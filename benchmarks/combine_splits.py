@@ -23,8 +23,9 @@ from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.combine_splits import COMBINE_LOOP_MAX_SPLITS, combine_splits  # noqa: E402
 
 HEADS, V_DIM = 64, 512
-# (queries = bs * T, splits): default_num_splits' picks at bs 1 / 8 (verify_attention.json), and 33 x 12
-# (more queries than bs 1 verify with splits for the all-splits kernel).
+# (queries = bs * T, splits): the counts the earlier split rule (fewest splits filling the last wave
+# >= 90%) picked at bs 1 / 8 (verify_attention.json at commit c835f6b), and 33 x 12 (more queries than
+# bs 1 verify with splits for the all-splits kernel).
 SHAPES = ((1, 64), (1, 119), (9, 14), (8, 15), (72, 5), (136, 7), (17, 7), (33, 12))
 
 

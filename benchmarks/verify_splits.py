@@ -2,8 +2,7 @@
 (benchmarks/results/verify_attention.json), on the H200.
 
 Why: `default_num_splits` picks a split count from a cost model; this measures other counts end
-to end (attention + merge), so the rule can be checked against numbers (the committed results were
-measured while the rule was "fewest splits filling the last wave >= 90%").
+to end (attention + merge), so the rule can be checked against numbers.
 For each point: GPU time per call (cold L2, CUDA-graph replays, as in verify_attention.py) at
 several split counts, the default marked. Run from the repo root:
     python3 benchmarks/verify_splits.py [--out FILE]
