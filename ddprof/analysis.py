@@ -18,7 +18,7 @@ from ddprof.attribution import OTHER, OWNERS, Attribution
 from ddprof.errors import DdprofError
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
-from engine.stages import STAGES
+from engine.stages import STAGES, STEP
 
 PERCENTILES = (50, 90, 99)
 _NS_PER_MS = 1e6
@@ -33,8 +33,20 @@ def _distribution(values_ns: np.ndarray) -> dict[str, float]:
     return {f"p{p}": _ms(v) for p, v in zip(PERCENTILES, points)}
 
 
-def _tok_per_s(tokens: int, wall_ns: float) -> float | None:
-    return tokens / (wall_ns / 1e9) if wall_ns > 0 else None
+def _tok_per_s(tokens: int | None, wall_ns: float) -> float | None:
+    return tokens / (wall_ns / 1e9) if tokens is not None and wall_ns > 0 else None
+
+
+def require_stage_ranges(attribution: Attribution, stage_map: StageMap | None = None) -> None:
+    """Refuse a trace whose steps hold no stage range: every ns would be `other`, and naming a stage
+    that bounds tok/s (the breakdown's headline) would be a wrong answer, not an empty one."""
+    if attribution.stage_ranges.height:
+        return
+    stage_map = stage_map or StageMap.default()
+    stage_names = sorted(name for name, target in stage_map.ranges.items() if target != STEP)
+    raise DdprofError(f"{attribution.source}: {attribution.steps.height} step ranges but no stage range "
+                      f"({', '.join(map(repr, stage_names))}) inside one in {stage_map.describe()}; "
+                      "for another engine's ranges pass --stage-map FILE")
 
 
 def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> dict:
@@ -124,10 +136,13 @@ def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise DdprofError(f"{folder}: --parquet needs a folder, and this is a file")
-    folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, frame in frames.items():
-        path = folder / f"{stem}.parquet"
-        frame.write_parquet(path)
-        written.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stem, frame in frames.items():
+            path = folder / f"{stem}.parquet"
+            frame.write_parquet(path)
+            written.append(path)
+    except OSError as exc:
+        raise DdprofError(f"{folder}: cannot write the parquet files ({exc.strerror or exc})") from None
     return written

@@ -42,12 +42,14 @@ BLOCKING_COPY_APIS = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyF
 
 @dataclass(frozen=True)
 class Attribution:
-    """steps:        step_id, pid, tid, start, end, tokens (payloads of the marks that follow it)
+    """steps:        step_id, pid, tid, start, end, tokens (payloads of the marks that follow it; null
+                  when the trace has no token marks)
     stage_ranges: stage, name, step_id, pid, tid, start, end, wait_ns (inside sync calls)
     gpu_ops:      the trace's GPU ops plus stage and step_id of the innermost stage range at launch
     per_step:     one row per (step, owner): step_id, owner, count, cpu_ns, wait_ns, gpu_ns,
                   crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op)
-    tokens:       sum of all token mark payloads (also those outside steps)
+    tokens:       sum of all token mark payloads (also those outside steps); None without token marks
+                  (tok/s is then unknown, not 0, and so is each step's `tokens`)
     dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
     """
 
@@ -56,7 +58,7 @@ class Attribution:
     stage_ranges: pl.DataFrame
     gpu_ops: pl.DataFrame
     per_step: pl.DataFrame
-    tokens: int
+    tokens: int | None
     dropped: dict[str, int]
     has_gpu_activity: bool
 
@@ -142,21 +144,26 @@ def _stage_ranges(mapped: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
             .select(stage="target", name="name", step_id="step_id", pid="pid", tid="tid", start="start", end="end"))
 
 
-def _tokens(trace: Trace, stage_map: StageMap, steps: pl.DataFrame) -> tuple[int, pl.DataFrame]:
+def _tokens(trace: Trace, stage_map: StageMap, steps: pl.DataFrame) -> tuple[int | None, pl.DataFrame]:
     """All token payloads, and each step's: the marks on its thread after it starts, before the next."""
     marks = _in_map_marks(trace.marks, stage_map)
     missing = int(marks["payload"].is_null().sum())
     if missing:
         raise DdprofError(f"{trace.source}: {missing} {stage_map.tokens!r} marks in {stage_map.describe()} "
                           "carry no integer payload; tokens cannot be counted")
+    negative = int((marks["payload"] < 0).sum())
+    if negative:
+        raise DdprofError(f"{trace.source}: {negative} {stage_map.tokens!r} marks in {stage_map.describe()} "
+                          f"carry a negative token count (lowest: {marks['payload'].min()}); tokens cannot be counted")
     per_step = (marks.sort("time")
                 .join_asof(steps.select("pid", "tid", "step_id", step_start="start").sort("step_start"),
                            left_on="time", right_on="step_start", by=["pid", "tid"], strategy="backward",
                            check_sortedness=False)
                 .group_by("step_id").agg(tokens=pl.col("payload").sum()))
-    steps = (steps.join(per_step, on="step_id", how="left")
-             .with_columns(pl.col("tokens").fill_null(0)).sort("step_id"))
-    return int(marks["payload"].sum() or 0), steps
+    steps = steps.join(per_step, on="step_id", how="left").sort("step_id")
+    if marks.height:  # a step without marks generated no token; without any mark, every count is unknown
+        steps = steps.with_columns(pl.col("tokens").fill_null(0))
+    return (int(marks["payload"].sum()) if marks.height else None), steps
 
 
 def _in_map_marks(marks: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:

@@ -64,7 +64,7 @@ def capture(
     requests: int = typer.Option(None, help="Requests to serve (default: the engine's)."),
     max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it (default: the engine's)."),
     seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
-    out: Path = typer.Option(Path("traces/run"), help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
+    out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
 ) -> None:
@@ -104,6 +104,7 @@ _DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in 
 def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
     """Load, attribute and summarise one export: (trace, attribution, breakdown summary)."""
     from ddprof.analysis import breakdown as summarise
+    from ddprof.analysis import require_stage_ranges
     from ddprof.attribution import attribute
     from ddprof.load import load
     from ddprof.stage_map import StageMap
@@ -113,16 +114,17 @@ def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, adv
     trace = load(path)
     advance(f"attributing {path.name}")
     attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
+    require_stage_ranges(attribution, stage_map)
     advance(f"summarising {path.name}")
     return trace, attribution, summarise(attribution, stage_map)
 
 
 @app.command()
 def breakdown(
-    path: Path = typer.Argument(..., help="A .sqlite export or a .nsys-rep report."),
+    path: Path = typer.Argument(..., readable=False, help="A .sqlite export or a .nsys-rep report."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    parquet: Path = typer.Option(None, "--parquet", help="Also write the frames as DIR/*.parquet."),
-    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP),
+    parquet: Path = typer.Option(None, "--parquet", readable=False, help="Also write the frames as DIR/*.parquet."),
+    stage_map: Path = typer.Option(None, "--stage-map", readable=False, help=_STAGE_MAP_HELP),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
 ) -> None:
     """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time."""
@@ -142,11 +144,12 @@ def breakdown(
 
 @app.command()
 def compare(
-    a: Path = typer.Argument(..., help="Run A (the baseline): .sqlite or .nsys-rep."),
-    b: Path = typer.Argument(..., help="Run B: .sqlite or .nsys-rep."),
+    a: Path = typer.Argument(..., readable=False, help="Run A (the baseline): .sqlite or .nsys-rep."),
+    b: Path = typer.Argument(..., readable=False, help="Run B: .sqlite or .nsys-rep."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP + " Applies to both runs."),
-    stage_map_b: Path = typer.Option(None, "--stage-map-b", help="A different stage map for run B."),
+    stage_map: Path = typer.Option(None, "--stage-map", readable=False,
+                                   help=_STAGE_MAP_HELP + " Applies to both runs."),
+    stage_map_b: Path = typer.Option(None, "--stage-map-b", readable=False, help="A different stage map for run B."),
     resamples: int = typer.Option(2000, help="Bootstrap resamples of steps."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
@@ -170,11 +173,13 @@ def compare(
 
 @app.command()
 def dashboard(
-    traces: list[Path] = typer.Argument(..., help="Runs: .sqlite exports or .nsys-rep reports (NAME.json beside "
-                                                  "each, from ddprof capture, says what ran)."),
-    out: Path = typer.Option(None, "--out", help="HTML file to write (default: dashboards/NAME.html)."),
+    traces: list[Path] = typer.Argument(..., readable=False,
+                                        help="Runs: .sqlite exports or .nsys-rep reports (NAME.json beside each, "
+                                             "from ddprof capture, says what ran)."),
+    out: Path = typer.Option(None, "--out", readable=False, help="HTML file to write (default: dashboards/NAME.html)."),
     window_steps: int = typer.Option(6, help="Consecutive steps in the step timeline."),
-    stage_map: Path = typer.Option(None, "--stage-map", help=_STAGE_MAP_HELP + " Applies to every trace."),
+    stage_map: Path = typer.Option(None, "--stage-map", readable=False,
+                                   help=_STAGE_MAP_HELP + " Applies to every trace."),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -221,9 +226,10 @@ def sweep(
     requests: int = typer.Option(None, help="Requests per capture (default: 8 on a CPU, 64 on a GPU)."),
     max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 16 on a CPU, 64 on a GPU)."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
-    out_dir: Path = typer.Option(Path("traces/sweep"), help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
-    dashboard_out: Path = typer.Option(None, "--dashboard", help="Dashboard to write (default: "
-                                                                 "dashboards/<out-dir name>.html)."),
+    out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
+                                 help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
+    dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
+                                       help="Dashboard to write (default: dashboards/<out-dir name>.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Capture a concurrency x builder x budget grid, then write one dashboard of all the runs."""
@@ -276,7 +282,7 @@ def main() -> None:
     try:
         app()
     except DdprofError as exc:
-        print(f"ddprof: error: {exc}", file=sys.stderr)
+        print(f"ddprof: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # one line, whatever it quotes
         process_settings.exit_now(2)
     except SystemExit as done:
         process_settings.exit_now(done.code)

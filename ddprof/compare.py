@@ -20,7 +20,8 @@ def _step_table(attribution: Attribution) -> np.ndarray:
     """Per step: the metrics per owner, then tokens and step duration (columns of one matrix)."""
     parts = [attribution.matrix(metric).astype(np.float64) for metric in METRICS]
     steps = attribution.steps
-    extra = np.stack([steps["tokens"].to_numpy(), (steps["end"] - steps["start"]).to_numpy()], axis=1)
+    tokens = steps["tokens"].fill_null(0).to_numpy()  # unknown counts: the tok/s ratio is then not computed
+    extra = np.stack([tokens, (steps["end"] - steps["start"]).to_numpy()], axis=1)
     return np.concatenate(parts + [extra.astype(np.float64)], axis=1)
 
 

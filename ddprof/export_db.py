@@ -36,9 +36,13 @@ def resolve_export(path: Path) -> Path:
         raise DdprofError(f"{path}: no such file")
     if not path.is_file():
         raise DdprofError(f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise DdprofError(f"{path}: not readable (permission denied)")
     if path.suffix == ".nsys-rep":
         sibling = path.with_suffix(".sqlite")
         if sibling.is_file():
+            if not os.access(sibling, os.R_OK):
+                raise DdprofError(f"{sibling}: not readable (permission denied)")
             return sibling
         if os.access(path.parent, os.W_OK):
             return export_sqlite(path)
@@ -49,8 +53,11 @@ def resolve_export(path: Path) -> Path:
 def _check_sqlite_file(path: Path) -> None:
     """Refuse non-SQLite and truncated files before sqlite3 gives a vaguer answer mid-query."""
     size = path.stat().st_size
-    with path.open("rb") as f:
-        header = f.read(100)
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise DdprofError(f"{path}: cannot read ({exc.strerror})") from None
     if not header.startswith(SQLITE_MAGIC):
         raise DdprofError(f"{path}: not an SQLite file (expected an nsys SQLite export or a .nsys-rep report)")
     if len(header) < 100:
@@ -76,10 +83,10 @@ class ExportDb:
         self._uri = self.path.resolve().as_uri() + "?mode=ro"
         self._db = sqlite3.connect(self._uri, uri=True)
         try:
-            rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        except sqlite3.DatabaseError as exc:
+            rows = self._fetch("SELECT name FROM sqlite_master WHERE type = 'table'")
+        except DdprofError:
             self._db.close()
-            raise DdprofError(f"{self.path}: unreadable SQLite file ({exc})") from None
+            raise
         self.tables = {name for (name,) in rows}
         self._columns: dict[str, set[str]] = {}
         self._pages = MappedFile(self.path)
@@ -100,7 +107,7 @@ class ExportDb:
         """Column names of `table` (empty when the table is absent)."""
         if table not in self._columns:
             if table in self.tables:
-                rows = self._execute(f'PRAGMA table_info("{table}")').fetchall()
+                rows = self._fetch(f'PRAGMA table_info("{table}")')
                 self._columns[table] = {row[1] for row in rows}
             else:
                 self._columns[table] = set()
@@ -142,9 +149,9 @@ class ExportDb:
     def _layout(self, table: str) -> tuple[int, dict[str, int]]:
         """The table's root page and each column's index in the stored record (ROWID for the rowid
         and an INTEGER PRIMARY KEY column, which is the rowid under another name)."""
-        root, sql = self._execute("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                  (table,)).fetchone()
-        info = self._execute(f'PRAGMA table_xinfo("{table}")').fetchall()  # cid, name, type, notnull, default, pk, hidden
+        (root, sql), = self._fetch("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   (table,))
+        info = self._fetch(f'PRAGMA table_xinfo("{table}")')  # cid, name, type, notnull, default, pk, hidden
         # Rows written before an ALTER TABLE ADD COLUMN ... DEFAULT lack the column and mean its
         # default, which the page reader cannot know; nsys declares no defaults.
         if "WITHOUT ROWID" in sql.upper() or any(row[6] or row[4] is not None for row in info):
@@ -169,15 +176,16 @@ class ExportDb:
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """Rows of a small query (text, reals) as a frame with exactly `schema`."""
-        rows = self._execute(sql).fetchall()
-        return pl.DataFrame(rows, schema=schema, orient="row")
+        return pl.DataFrame(self._fetch(sql), schema=schema, orient="row")
 
-    def _execute(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+    def _fetch(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """All rows of a query. A damaged file fails here, in the query or while rows are decoded
+        (text that is not UTF-8), and every such failure names the file."""
         try:
-            return self._db.execute(sql, params)
-        except sqlite3.DatabaseError as exc:
+            return self._db.execute(sql, params).fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             raise DdprofError(f"{self.path}: unreadable SQLite export ({exc})") from None
 
     def scalar(self, sql: str):
-        row = self._execute(sql).fetchone()
-        return row[0] if row else None
+        rows = self._fetch(sql)
+        return rows[0][0] if rows else None

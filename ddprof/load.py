@@ -96,6 +96,11 @@ def load(path: Path) -> Trace:
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
         events = _nvtx_events(events.result())
         ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
+    reversed_ranges = ranges.filter(pl.col("end") < pl.col("start"))
+    if reversed_ranges.height:
+        first = reversed_ranges.row(0, named=True)
+        raise DdprofError(f"{sqlite_path}: {reversed_ranges.height} NVTX ranges end before they start (first: "
+                          f"{first['name']!r} on tid {first['tid']} at {first['start'] / 1e6:.3f} ms): a damaged export")
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 

@@ -58,7 +58,8 @@ def breakdown_view(summary: dict) -> Group:
     bound = next(s for s in summary["stages"] if s["stage"] == summary["bound_by"])
     headline = Text.assemble(
         (f"{summary['source']}\n", "bold"),
-        f"{summary['steps']} steps · {summary['tokens']} tokens · {summary['wall_s']:.3f} s wall · {rate} · ",
+        f"{summary['steps']} steps · {_num(summary['tokens'], '{}')} tokens · {summary['wall_s']:.3f} s wall · "
+        f"{rate} · ",
         "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
     totals = _table("ms over all steps; crit = critical-path time the stage owns",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
@@ -75,6 +76,8 @@ def breakdown_view(summary: dict) -> Group:
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
                    style="dim")
     notes = []
+    if summary["tokens"] is None:
+        notes.append("no token marks in this trace: tokens and tok/s are n/a (a stage map's `tokens` names the mark)")
     if not summary["gpu_activity"]:
         notes.append("no GPU activity in this trace: gpu and wait are n/a")
     dropped = summary["dropped_ranges"]

@@ -45,7 +45,10 @@ class StageMap:
         path = Path(path)
         if not path.is_file():
             raise DdprofError(f"{path}: stage map not found")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DdprofError(f"{path}: cannot read stage map ({getattr(exc, 'strerror', None) or exc})") from None
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ddprof.analysis import breakdown
+from ddprof.analysis import breakdown, require_stage_ranges
 from ddprof.attribution import Attribution, attribute
 from ddprof.errors import DdprofError
 from ddprof.load import Trace, load
@@ -26,6 +26,10 @@ BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 UNKNOWN = "unknown"
 # What a capture was asked to do (not what it measured); runs that agree on all but the builder are a pair.
 SETTINGS = ("model", "workload", "concurrency", "budget", "requests", "max_new_tokens", "seed")
+# The capture metadata the page reads, by the type it must have (null is allowed: unknown).
+_NUMBER_KEYS = ("concurrency", "budget", "requests", "max_new_tokens", "seed", "steps", "generated_tokens",
+                "wall_s", "tok_per_s")
+_TEXT_KEYS = ("model", "workload", "builder", "device")
 _BUILDER_ORDER = {name: i for i, name in enumerate(BUILDER_NAMES.values())}
 _SHORT = {"concurrency": "c", "max_new_tokens": "max_new"}
 
@@ -83,6 +87,11 @@ def read_metadata(trace: Path) -> dict | None:
         raise DdprofError(f"{path}: unreadable capture metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise DdprofError(f"{path}: capture metadata must be a JSON object, not {type(meta).__name__}")
+    for keys, kinds, what in ((_NUMBER_KEYS, (int, float), "a number"), (_TEXT_KEYS, (str,), "a string")):
+        for key in keys:
+            value = meta.get(key)
+            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+                raise DdprofError(f"{path}: capture metadata `{key}` must be {what} or null, not {value!r}")
     return meta
 
 
@@ -100,6 +109,7 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
         meta = read_metadata(path)
         trace = load(path)
         attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
+        require_stage_ranges(attribution, stage_map)
         advance(f"breaking down {path.name}")
         runs.append(Run(path, meta, attribution, breakdown(attribution, stage_map), prefills(trace, stage_map)))
     return sorted(labelled(runs), key=lambda run: run.sort_key)

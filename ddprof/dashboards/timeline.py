@@ -73,7 +73,8 @@ def _run_traces(run: Run, shown: Window, visible: bool) -> list[go.Bar | go.Scat
     steps = shown.steps
     traces = [_bars([STEP] * steps.height, steps["start"].to_numpy(), steps["end"].to_numpy(), origin, STEP,
                     STEP_COLOUR, [f"step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
-                                  f"{row['tokens']} tokens" for row in steps.iter_rows(named=True)],
+                                  f"{'n/a' if row['tokens'] is None else row['tokens']} tokens"
+                                  for row in steps.iter_rows(named=True)],
                     visible, True)]
     if shown.prefills.height:
         prefills = shown.prefills

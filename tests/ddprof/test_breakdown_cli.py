@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.stages import STAGES, STEP
+from engine.stages import STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export, example
 from tests.ddprof.test_attribution_stage_map import SGLANG_TOML, sglang_like
 
@@ -91,6 +91,22 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[list, Path]]:
     unclosed = Export()
     unclosed.range(STEP, 0, None)
     unclosed.write(folder / "unclosed.sqlite")
+    unknown_stages = Export()  # steps, but every range inside them has a name no map knows
+    unknown_stages.range(STEP, 0, 100)
+    unknown_stages.range("forward", 10, 90)
+    unknown_stages.mark(TOKENS_MARK, 100, 4)
+    unknown_stages.write(folder / "unknown_stages.sqlite")
+    negative = _one_step()
+    negative.mark(TOKENS_MARK, 100, -5)
+    negative.write(folder / "negative_tokens.sqlite")
+    reversed_range = _one_step()
+    reversed_range.range("verify", 80, 40)
+    reversed_range.write(folder / "reversed.sqlite")
+    good_bytes = good.read_bytes()
+    (folder / "bad_text.sqlite").write_bytes(good_bytes)
+    with sqlite3.connect(folder / "bad_text.sqlite") as db:  # a damaged string: not UTF-8
+        db.execute("UPDATE StringIds SET value = CAST(x'ff41' AS TEXT) WHERE value = 'verify'")
+    (folder / "map.json").write_bytes(b"\xff\xfe{}")
     return {
         "missing": ([folder / "missing.sqlite"], folder / "missing.sqlite"),
         "not_sqlite": ([folder / "notes.sqlite"], folder / "notes.sqlite"),
@@ -98,10 +114,26 @@ def _bad_inputs(folder: Path, good: Path) -> dict[str, tuple[list, Path]]:
         "unclosed": ([folder / "unclosed.sqlite"], folder / "unclosed.sqlite"),
         "bad_map": ([good, "--stage-map", folder / "map.toml"], folder / "map.toml"),
         "parquet_is_a_file": ([good, "--parquet", folder / "notes.sqlite"], folder / "notes.sqlite"),
+        "parquet_under_a_file": ([good, "--parquet", folder / "notes.sqlite" / "frames"],
+                                 folder / "notes.sqlite" / "frames"),
+        "unknown_stages": ([folder / "unknown_stages.sqlite"], folder / "unknown_stages.sqlite"),
+        "negative_tokens": ([folder / "negative_tokens.sqlite"], folder / "negative_tokens.sqlite"),
+        "range_ends_before_it_starts": ([folder / "reversed.sqlite"], folder / "reversed.sqlite"),
+        "string_not_utf8": ([folder / "bad_text.sqlite"], folder / "bad_text.sqlite"),
+        "map_not_utf8": ([good, "--stage-map", folder / "map.json"], folder / "map.json"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "not_sqlite", "no_nvtx", "unclosed", "bad_map", "parquet_is_a_file"])
+def _one_step() -> Export:
+    export = Export()
+    export.range(STEP, 0, 100)
+    export.range("draft", 10, 90)
+    return export
+
+
+@pytest.mark.parametrize("case", ["missing", "not_sqlite", "no_nvtx", "unclosed", "bad_map", "parquet_is_a_file",
+                                  "parquet_under_a_file", "unknown_stages", "negative_tokens",
+                                  "range_ends_before_it_starts", "string_not_utf8", "map_not_utf8"])
 def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, export, case):
     args, named = _bad_inputs(tmp_path, export)[case]
     done = ddprof("breakdown", *args)
@@ -110,3 +142,15 @@ def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, export, case):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddprof: error: ") and "Traceback" not in done.stderr
     assert str(named) in lines[0]
+
+
+def test_a_trace_without_token_marks_reports_tok_s_as_unknown_not_zero(tmp_path):
+    path = _one_step().write(tmp_path / "no_tokens.sqlite")
+    done = ddprof("breakdown", path, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["tokens"] is None and summary["tok_per_s"] is None
+    assert all(s["what_if"]["tok_per_s_if_free"] is None for s in summary["stages"])
+    table = ddprof("breakdown", path)
+    assert table.returncode == 0, table.stderr
+    assert "n/a tokens" in table.stdout and "no token marks" in table.stdout

@@ -214,6 +214,16 @@ def test_unreadable_metadata_is_a_one_line_error_naming_the_file(tmp_path):
         load_runs([path])
 
 
+@pytest.mark.parametrize("field, value, kind", [("tok_per_s", "fast", "a number"), ("concurrency", True, "a number"),
+                                                ("builder", ["cpu"], "a string")])
+def test_metadata_of_the_wrong_type_is_a_one_line_error(tmp_path, field, value, kind):
+    path = known_runs.write(tmp_path, "cpu")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text(json.dumps({**meta, field: value}))
+    with pytest.raises(DdprofError, match=f"capture metadata `{field}` must be {kind} or null"):
+        read_metadata(path)
+
+
 def test_a_report_path_finds_the_metadata_beside_it(tmp_path):
     path = known_runs.write(tmp_path, "gpu")
     assert read_metadata(path.with_suffix(".nsys-rep"))["builder"] == "gpu"

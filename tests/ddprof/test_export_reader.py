@@ -62,6 +62,16 @@ def test_damaged_table_pages_are_a_one_line_error_naming_the_file(tmp_path):
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_a_schema_that_is_not_utf8_is_a_one_line_error_naming_the_file(tmp_path):
+    path = tmp_path / "schema.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE qqqqqqqq (a INTEGER)")
+    path.write_bytes(path.read_bytes().replace(b"qqqqqqqq", b"\xff" * 8))  # the table's name, where it is stored
+    with pytest.raises(DdprofError, match="unreadable SQLite export") as caught:
+        ExportDb(path)
+    assert str(path) in str(caught.value)
+
+
 @pytest.mark.parametrize("create", ["CREATE TABLE t (a INTEGER) WITHOUT ROWID",
                                     "CREATE TABLE t (a INTEGER PRIMARY KEY, b INTEGER AS (a + 1))",
                                     "CREATE TABLE t (a INTEGER, b INTEGER DEFAULT 7)"])
