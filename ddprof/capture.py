@@ -113,7 +113,8 @@ def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] 
             report = profile(command, staging / out.name, trace="cuda,nvtx" if device == "cuda" else "nvtx",
                              timeout_s=request.timeout_s, env=env, nsys=nsys)
         sqlite_path = export_sqlite(report, nsys=nsys)
-        meta = _metadata(_read_summary(summary_path), nsys, trace_steps=_count_steps(sqlite_path))
+        summary = _read_summary(summary_path)
+        meta = _metadata(summary, nsys, trace_steps=_count_steps(sqlite_path, summary.get("steps")))
         staged_json = staging / f"{out.name}.json"
         staged_json.write_text(json.dumps(meta, indent=2) + "\n")
         return _publish(report, sqlite_path, staged_json, out, meta)
@@ -149,8 +150,9 @@ def _read_summary(path: Path) -> dict:
         raise DdprofError(f"{path}: the engine wrote no readable run summary ({exc})") from None
 
 
-def _count_steps(sqlite_path: Path) -> int:
-    """Number of `step` ranges in the export; zero means NVTX was silently off (e.g. nvtx>=0.2.12)."""
+def _count_steps(sqlite_path: Path, engine_steps: int | None) -> int:
+    """Number of `step` ranges in the export. Zero where the engine says it ran decode steps means
+    NVTX was silently off (e.g. nvtx>=0.2.12); where it ran none, the run was too short to decode."""
     with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         steps = 0
@@ -158,6 +160,9 @@ def _count_steps(sqlite_path: Path) -> int:
             steps = db.execute(
                 "SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
                 "WHERE coalesce(e.text, s.value) = ? AND e.end IS NOT NULL", (STEP,)).fetchone()[0]
+    if steps == 0 and engine_steps == 0:
+        raise DdprofError(f"{sqlite_path}: the engine ran no decode step (every request ended at prefill); "
+                          "ask for more tokens (--max-new-tokens) or more requests")
     if steps == 0:
         raise DdprofError(f"{sqlite_path}: the trace holds no NVTX `{STEP}` ranges (domain {DOMAIN}); "
                           "is nvtx pinned to 0.2.11?")

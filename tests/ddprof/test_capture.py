@@ -109,3 +109,10 @@ def test_a_capture_that_times_out_leaves_no_files(tmp_path):
         capture(CaptureRequest(workload="chat", concurrency=4, out=tmp_path / "run", model="tiny", requests=3,
                                timeout_s=1))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_too_short_to_decode_says_so_and_leaves_no_files(tmp_path):
+    with pytest.raises(DdprofError, match="the engine ran no decode step"):
+        capture(CaptureRequest(workload="chat", concurrency=1, out=tmp_path / "run", model="tiny", requests=1,
+                               max_new_tokens=4))
+    assert list(tmp_path.iterdir()) == []
