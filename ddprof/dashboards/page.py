@@ -91,15 +91,22 @@ def default_path(traces: Sequence[Path]) -> Path:
     return Path("dashboards") / f"{name}.html"
 
 
+def make_dashboard_folder(out: Path) -> None:
+    """Create the folder of the page `out`, or say in one line why it cannot be (a sweep asks before
+    its captures, not after)."""
+    folder = Path(out).parent
+    if folder.exists() and not folder.is_dir():
+        raise DdprofError(f"{folder}: the dashboard's folder is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DdprofError(f"{folder}: cannot create the dashboard's folder ({exc.strerror})") from None
+
+
 def write_dashboard(runs: Sequence[Run], out: Path, **options) -> Path:
     """Write the page to `out` (creating its folder); a reader never sees half a file."""
     out = Path(out)
-    if out.parent.exists() and not out.parent.is_dir():
-        raise DdprofError(f"{out.parent}: the dashboard's folder is a file")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DdprofError(f"{out.parent}: cannot create the dashboard's folder ({exc.strerror})") from None
+    make_dashboard_folder(out)
     partial = out.with_name(f".{out.name}.partial")
     try:
         partial.write_text(render(runs, **options), encoding="utf-8")

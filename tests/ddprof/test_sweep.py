@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddprof.errors import DdprofError
-from ddprof.sweep import CPU_DEFAULTS, GPU_DEFAULTS, Grid, defaults
+from ddprof.sweep import CPU_DEFAULTS, GPU_DEFAULTS, Grid, defaults, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,11 @@ def test_cli_errors_are_one_line_and_leave_no_files(tmp_path, args, message):
     assert done.returncode == 2
     assert done.stderr.strip() == message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dashboard_path_that_cannot_be_made_is_refused_before_any_capture(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the dashboard's folder should go")
+    with pytest.raises(DdprofError, match=f"^{blocker / 'pages'}: cannot create the dashboard's folder"):
+        run_sweep(grid(out_dir=tmp_path / "traces"), blocker / "pages" / "sweep.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no capture ran
