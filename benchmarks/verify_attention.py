@@ -18,7 +18,6 @@ replays of [flush the L2, call] minus those of [flush the L2] alone. Run from th
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 

@@ -8,7 +8,7 @@ from engine.kv_cache import LatentKVCache, compact_accepted
 
 def test_compaction_matches_sequential_moves():
     gen = torch.Generator().manual_seed(0)
-    layers, n_slots, max_len, dim, depth, budget = 3, 5, 40, 6, 4, 10
+    layers, n_slots, max_len, dim = 3, 5, 40, 6
     kv = torch.randn(layers, n_slots, max_len, dim, generator=gen)
     slots = torch.tensor([4, 0, 2, 3])
     prefix_lens = torch.tensor([0, 7, 20, 3])

@@ -41,6 +41,18 @@ def test_ddtree_batch_equals_ar(tiny, reference, budget):
         assert got.target_forwards == 1 + len(got.accept_lengths)
 
 
+@pytest.mark.parametrize("budget", [3, 16])
+def test_trained_pair_accepts_drafts_and_still_equals_ar(trained, budget):
+    """The random drafter is almost never right; the trained one often is, so here the accept walk
+    and the cache compaction run on real multi-token paths."""
+    prompts = [encode(p) for p in PROMPTS]
+    want = decode_all(trained, "ar", prompts)
+    got = decode_all(trained, "ddtree", prompts, budget=budget)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    accepted = [n for r in got for n in r.accept_lengths]
+    assert max(accepted) >= 2 and sum(accepted) >= len(PROMPTS) * 4
+
+
 @pytest.mark.parametrize("prompt,budget", [(PROMPTS[0], 2), (PROMPTS[1], 16), (PROMPTS[3], 5)])
 def test_ddtree_single_request_equals_ar(tiny, reference, prompt, budget):
     got = decode_all(tiny, "ddtree", [encode(prompt)], budget=budget)[0]

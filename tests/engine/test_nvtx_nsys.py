@@ -1,6 +1,5 @@
 """The NVTX contract, checked on a real nsys capture of `python -m engine generate`."""
 
-import json
 import sqlite3
 import sys
 

@@ -16,7 +16,7 @@ import torch
 import engine.ddtree
 from engine.engine import Engine
 from engine.errors import EngineError
-from engine.generate import generate, load_models
+from engine.generate import generate
 from engine.sampling import choose_tokens
 from engine.tokenizer import load_tokenizer
 from tests.engine.gpu_builder import models_for_gpu_builder
@@ -28,11 +28,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMPTS = [[TOK.bos_id] + TOK.encode(text) for text in
            ("def f(x):\n    return x * 2\n", "import os", "a", "class Tree:\n    def __init__(self, nodes):\n")]
 MAX_NEW = 20
-
-
-@pytest.fixture(scope="module")
-def trained():
-    return load_models("tiny", seed=0, device="cpu")
 
 
 def decode(models, prompts, *, mode="ddtree", budget=4, temperature=0.7, seeds=None, builder="cpu"):
@@ -120,9 +115,11 @@ def test_gpu_builder_is_lossless_when_sampling(trained):
     target, drafter = models_for_gpu_builder(trained)
     prompts = [PROMPTS[1], PROMPTS[2]]
     ar = generate(target, drafter, prompts, mode="ar", max_new_tokens=8, nvtx=False, temperature=0.9, sample_seed=3)
-    gpu = generate(target, drafter, prompts, mode="ddtree", builder="gpu", budget=5, max_new_tokens=8, nvtx=False,
-                   temperature=0.9, sample_seed=3)
+    gpu, cpu = (generate(target, drafter, prompts, mode="ddtree", builder=builder, budget=5, max_new_tokens=8,
+                         nvtx=False, temperature=0.9, sample_seed=3) for builder in ("gpu", "cpu"))
     assert [r.tokens for r in gpu] == [r.tokens for r in ar]
+    assert [r.accept_lengths for r in gpu] == [r.accept_lengths for r in cpu]  # the same trees, step for step
+    assert sum(sum(r.accept_lengths) for r in gpu) > 0  # and drafts were accepted: the trees mattered
 
 
 def test_bad_temperature_and_seed_are_errors(trained):

@@ -53,7 +53,8 @@ def test_distillation_labels_are_the_targets_greedy_continuation(distillation):
     with torch.no_grad(), plain_matmuls():  # features are the target's hidden states at the drafter's layers
         _, features = target.forward_causal(data.tokens[:1], TINY.drafter.target_layer_ids)
     want = features[0, :int(data.lengths[0])]
-    assert torch.allclose(want.to(torch.bfloat16).float(), data.features[0].float(), rtol=1e-2, atol=1e-2)
+    # Stored in bf16: equal up to one bf16 rounding step (the batched forward may round differently).
+    assert torch.allclose(want.to(torch.bfloat16).float(), data.features[0].float(), rtol=2 ** -7, atol=1e-6)
 
 
 def test_drafter_loss_decreases(distillation):
