@@ -6,24 +6,26 @@ import argparse
 import shlex
 import sys
 
-from engine import generate, serve, tokenizer, train_drafter, train_target
 from engine.errors import EngineError
-
-# Modules with register(subparsers); each sets `run` as its default.
-SUBCOMMANDS = [generate, serve, tokenizer, train_target, train_drafter]
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        # Imported here: loading them reads engine/assets (the tokenizer), which can fail like any input.
+        from engine import generate, serve, tokenizer, train_drafter, train_target
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m engine", description="The embedded DDTree engine.")
     subcommands = parser.add_subparsers(dest="command", required=True)
-    for module in SUBCOMMANDS:
+    for module in (generate, serve, tokenizer, train_target, train_drafter):  # each registers its parser and `run`
         module.register(subcommands)
     args = parser.parse_args(argv)
     args.command_line = "python -m engine " + shlex.join(sys.argv[1:] if argv is None else argv)  # for run records
     try:
         return args.run(args)
     except EngineError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {' '.join(str(error).splitlines())}", file=sys.stderr)
         return 2
 
 

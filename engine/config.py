@@ -80,7 +80,15 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         missing = sorted(n for n in names - set(raw) if n != "torch_dtype")
         if missing:
-            raise EngineError(f"config.json lacks {', '.join(missing)}")
+            raise EngineError(f"lacks {', '.join(missing)}")
+        for field in dataclasses.fields(cls):  # annotations are strings here (postponed evaluation)
+            value = raw.get(field.name, field.default)
+            number = field.type in ("int", "float")
+            kinds = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict | None": (dict, type(None))}[
+                field.type]
+            if not isinstance(value, kinds) or (number and (isinstance(value, bool) or not value >= 0)):
+                raise EngineError(f"{field.name} must be a {'non-negative ' if number else ''}{field.type}, "
+                                  f"not {value!r}")
         return cls(**{k: v for k, v in raw.items() if k in names})
 
     def to_dict(self) -> dict:

@@ -85,6 +85,20 @@ def tree_builder(name: str, device: torch.device):
     raise EngineError(f"unknown tree builder {name!r}; choose cpu or gpu")
 
 
+def checked_tree_builder(name: str, device: torch.device, budget: int, depth: int):
+    """`tree_builder`, refusing a budget the chosen builder cannot build at this drafter depth, in one
+    line and before any work (the GPU builder's rank-path keys are one int64)."""
+    build = tree_builder(name, device)
+    if name == "gpu":
+        from triton_kernels.tree_build import KEY_BITS
+
+        if budget + min(depth, budget) > KEY_BITS:
+            raise EngineError(f"--builder gpu: budget {budget} at drafter depth {depth} needs budget + min(depth, "
+                              f"budget) <= {KEY_BITS} (the GPU builder's rank-path keys); lower --budget or use "
+                              "--builder cpu")
+    return build
+
+
 def block_mask(tree: TreeBatch) -> torch.Tensor:
     """[bs, 1 + B, 1 + B] verify mask over [bonus, nodes...]: everyone sees the bonus (root);
     node i sees its ancestors and itself; the bonus sees only itself."""
@@ -126,8 +140,8 @@ class DDTreeDecoder:
         self.target, self.drafter, self.cache, self.nvtx = target, drafter, cache, nvtx
         self.temperature = temperature
         self.budget = budget
-        self.build_tree = tree_builder(builder, target.device)
         self.depth = drafter.config.depth
+        self.build_tree = checked_tree_builder(builder, target.device, budget, self.depth)
         self.top_k = min(budget, target.config.vocab_size)  # K = budget, as the paper's code
         self.feature_layers = drafter.config.target_layer_ids
         n_slots, max_len = cache.n_slots, cache.max_len

@@ -16,6 +16,7 @@ differentiable PyTorch (context keys/values in, hidden states out), so training 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine.config import DrafterConfig, ModelConfig
+from engine.errors import EngineError
 from engine.model import MLP, RMSNorm, Rotary, init_random, linear
 
 
@@ -107,13 +109,18 @@ class Drafter(nn.Module):
 
     @classmethod
     def load(cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Drafter:
-        from safetensors import safe_open
+        from engine.weights import open_safetensors, require_finite
 
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata()
-        drafter = build_drafter(DrafterConfig.from_dict(json.loads(meta["drafter_config"])),
-                                ModelConfig.from_dict(json.loads(meta["target_config"])), device=device, dtype=dtype)
-        drafter.load_state_dict(load_file(path, device=str(device)))
+        with open_safetensors(Path(path)) as f:
+            meta = f.metadata() or {}
+        try:
+            drafter = build_drafter(DrafterConfig.from_dict(json.loads(meta["drafter_config"])),
+                                    ModelConfig.from_dict(json.loads(meta["target_config"])), device=device,
+                                    dtype=dtype)
+            drafter.load_state_dict(load_file(path, device=str(device)))
+        except (EngineError, KeyError, TypeError, ValueError, RuntimeError) as e:  # no or foreign configs, other shapes
+            raise EngineError(f"{path}: not a drafter this engine can load ({str(e).splitlines()[0]})") from None
+        require_finite(drafter, path)
         return drafter
 
 

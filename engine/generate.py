@@ -13,16 +13,19 @@ on the seed and the token's position (engine/sampling.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
-import torch
 
+from engine import arguments
 from engine.config import PRESETS, default_drafter, preset
 from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult
+from engine.errors import EngineError
 from engine.model import TargetModel, build_target
 from engine.tokenizer import load_tokenizer
-from engine.trained import has_pair, load_drafter, load_target
+from engine.trained import drafter_path as drafter_path_of
+from engine.trained import has_pair, has_target, load_drafter, load_target
 from engine.weights import from_pretrained
 
 
@@ -30,10 +33,14 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                 drafter_path: str | None = None, random_weights: bool = False) -> tuple[TargetModel, Drafter]:
     """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter.
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
+    if not weights and not random_weights and has_target(model) != drafter_path_of(model).is_file():
+        raise EngineError(f"preset {model}: the trained pair under engine/assets/{model}/ is incomplete (target "
+                          f"{'present' if has_target(model) else 'missing'}, drafter "
+                          f"{'present' if drafter_path_of(model).is_file() else 'missing'}); restore it "
+                          "(git checkout engine/assets) or retrain it (python -m engine train-target, train-drafter)")
     if not weights and not random_weights and has_pair(model):
         target = load_target(model, device=device)
-        return target, (Drafter.load(drafter_path, device=device, dtype=target.dtype) if drafter_path
-                        else load_drafter(model, target))
+        return target, (_matching_drafter(drafter_path, target) if drafter_path else load_drafter(model, target))
     if weights:
         target = from_pretrained(weights, device=device)
         drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
@@ -42,8 +49,19 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
         target = build_target(chosen.model, seed=seed, device=device)
         drafter_config = chosen.drafter
     if drafter_path:
-        return target, Drafter.load(drafter_path, device=device, dtype=target.dtype)
+        return target, _matching_drafter(drafter_path, target)
     return target, build_drafter(drafter_config, target.config, seed=seed + 1, device=device, dtype=target.dtype)
+
+
+def _matching_drafter(path: str, target: TargetModel) -> Drafter:
+    """The drafter in `path`, refused unless it was trained for this target's shape."""
+    drafter = Drafter.load(path, device=target.device, dtype=target.dtype)
+    same_dtype = dataclasses.replace(drafter.target_config, torch_dtype=target.config.torch_dtype)
+    if same_dtype != target.config:
+        raise EngineError(f"{path}: a drafter for another target (hidden size {drafter.target_config.hidden_size}, "
+                          f"{drafter.target_config.num_hidden_layers} layers; this target: "
+                          f"{target.config.hidden_size}, {target.config.num_hidden_layers})")
+    return drafter
 
 
 def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *, mode: str = "ddtree",
@@ -81,13 +99,18 @@ def register(subcommands) -> None:
                         help="sampling seed of the first prompt (prompt i uses seed + i; default 0)")
     parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    arguments.at_least_one(args, "budget", "max_new_tokens")
+    arguments.temperature(args.temperature)
+    args.device = arguments.device(args.device)
+    if args.weights and args.random_weights:
+        raise EngineError("--weights and --random-weights: choose one (a checkpoint, or seeded random weights)")
     tokenizer = load_tokenizer()
     texts = args.prompt or ["The quick brown fox"]
     target, drafter = load_models(args.model, seed=args.seed, device=args.device, weights=args.weights,

@@ -17,9 +17,10 @@ import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from engine import corpus, trained
+from engine import arguments, corpus, trained
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
 from engine.scheduler import Request, ServeResult, serve
@@ -62,20 +63,17 @@ def register(subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    for name in ("concurrency", "budget", "requests", "max_new_tokens", "cpu_threads"):
-        if getattr(args, name) < 1:
-            raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
-    if not args.temperature >= 0:
-        raise EngineError(f"--temperature must be 0 (greedy) or positive (got {args.temperature})")
+    arguments.at_least_one(args, "concurrency", "budget", "requests", "max_new_tokens")
+    arguments.cpu_threads(args.cpu_threads)
+    arguments.temperature(args.temperature)
+    arguments.output_file(args.summary, "--summary")
+    arguments.output_file(args.progress, "--progress")
     config = preset(args.model)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise EngineError(f"unknown device {device!r}; choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise EngineError("--device cuda: no CUDA device is available here")
-    from engine.ddtree import tree_builder
+    device = arguments.device(args.device)
+    from engine.ddtree import checked_tree_builder
 
-    tree_builder(args.builder, torch.device(device))  # an unknown or unavailable builder fails here, before any work
+    # An unknown or unavailable builder, or a budget it cannot build, fails here, before any work.
+    checked_tree_builder(args.builder, torch.device(device), args.budget, config.drafter.depth)
     tokenizer = load_tokenizer()
     requests = generate(args.workload, args.requests, args.seed, tokenizer, max_new_tokens=args.max_new_tokens,
                         files=corpus.files(PROMPT_SPLIT))
@@ -93,9 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if device == "cpu":
         torch.set_num_threads(args.cpu_threads)
 
-    target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
-    engine = Engine(target, drafter, budget=args.budget, builder=args.builder, n_slots=args.concurrency,
-                    max_len=max_len, device=device, temperature=args.temperature)
+    with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
+                        f"rows on {device}"):
+        target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
+        # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
+        engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
+                        n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
+                        temperature=args.temperature)
     warm_up(engine, requests[0].prompt_tokens, min(8, requests[0].max_new_tokens))
     progress = _Progress(args.progress, len(requests))
     start = time.perf_counter()
@@ -145,6 +147,21 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "triton": _triton_version()},
     }
+
+
+@contextmanager
+def _memory_errors(what: str):
+    """An allocation that cannot succeed (weights or KV cache larger than the device) as one line."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise EngineError(f"{what}: does not fit in GPU memory; lower --concurrency or use a smaller model") from None
+    except RuntimeError as error:
+        if "can't allocate memory" not in str(error):
+            raise
+        raise EngineError(f"{what}: does not fit in memory; lower --concurrency or use a smaller model") from None
 
 
 class _Progress:

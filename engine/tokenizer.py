@@ -25,6 +25,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from engine import arguments
 from engine.errors import EngineError
 
 ASSET = Path(__file__).parent / "assets" / "tokenizer.json"
@@ -34,7 +35,9 @@ WORD = re.compile(rb" ?[A-Za-z_]+| ?[0-9]+| ?[^\sA-Za-z_0-9]+|\s+(?!\S)|\s+")
 
 
 def _words(text: str) -> list[bytes]:
-    return WORD.findall(text.encode("utf-8"))
+    # surrogateescape: text from argv that was not UTF-8 holds its raw bytes as surrogates; a byte-level
+    # tokenizer takes those bytes as they are.
+    return WORD.findall(text.encode("utf-8", "surrogateescape"))
 
 
 def train_bpe(texts, n_merges: int) -> list[tuple[int, int]]:
@@ -175,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.merges < 0:
         raise EngineError(f"--merges must be >= 0 (got {args.merges})")
+    arguments.output_file(args.out, "--out")
     start = time.perf_counter()
     texts = [corpus.text_of(path) for path in corpus.files("train")]
     merges = train_bpe(texts, args.merges)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from engine import arguments
 from engine.config import PRESETS
 from engine.errors import EngineError
 
@@ -37,11 +38,13 @@ def add_common_arguments(parser, *, steps: dict[str, int], lr: float) -> None:
 def check_common_arguments(args) -> None:
     if args.model not in PRESETS or args.model not in TRAINABLE:
         raise EngineError(f"--model {args.model!r}: only {', '.join(TRAINABLE)} are trained here")
-    for name in ("steps", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise EngineError(f"--{name} must be at least 1 (got {getattr(args, name)})")
-    if args.lr <= 0:
-        raise EngineError(f"--lr must be positive (got {args.lr})")
+    arguments.at_least_one(args, "steps", "threads")
+    arguments.learning_rate(args.lr)
+    if args.out is not None:  # made now: a folder that cannot be made must not cost a training run
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise EngineError(f"--out {args.out}: cannot create the folder ({error.strerror})") from None
     torch.set_num_threads(args.threads)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine import corpus
+from engine import arguments, corpus
 from engine.config import preset
 from engine.drafter import Drafter, build_drafter
 from engine.generate import generate
@@ -235,9 +235,10 @@ def register(subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_common_arguments(args)
+    arguments.at_least_one(args, "prompts", "held_out_prompts")
     started = time.perf_counter()
     recipe = RECIPES[args.model]
-    if args.steps or args.prompts:
+    if args.steps is not None or args.prompts is not None:
         recipe = Recipe(**{**recipe.__dict__, "steps": args.steps or recipe.steps,
                            "prompts": args.prompts or recipe.prompts})
     out = args.out or asset_dir(args.model)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from engine.config import ModelConfig
@@ -30,16 +30,34 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 def _shard_of_each_tensor(directory: Path) -> dict[str, Path]:
     index = directory / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise EngineError(f"{index}: not a readable safetensors index ({e!r})") from None
         return {name: directory / file for name, file in weight_map.items()}
     shards = sorted(directory.glob("*.safetensors"))
     if not shards:
         raise EngineError(f"{directory}: no *.safetensors files")
     where = {}
     for shard in shards:
-        with safe_open(shard, framework="pt") as f:
+        with open_safetensors(shard) as f:
             where.update({name: shard for name in f.keys()})
     return where
+
+
+def open_safetensors(path: Path):
+    """safe_open, with a missing, truncated or foreign file as one EngineError naming it."""
+    try:
+        return safe_open(path, framework="pt")
+    except (OSError, SafetensorError) as e:
+        raise EngineError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def require_finite(model: torch.nn.Module, path: Path | str) -> None:
+    """Refuse weights holding NaN or Inf (a diverged training run): they decode garbage silently."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise EngineError(f"{path}: weight {name} holds NaN or Inf")
 
 
 def _is_skipped(name: str, num_layers: int) -> bool:
@@ -53,9 +71,14 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise EngineError(f"{path}: not found (a checkpoint directory needs config.json)")
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise EngineError(f"{path}: not valid JSON ({e})") from None
-    return ModelConfig.from_dict(raw)
+    if not isinstance(raw, dict):
+        raise EngineError(f"{path}: must be a JSON object")
+    try:
+        return ModelConfig.from_dict(raw)
+    except EngineError as e:
+        raise EngineError(f"{path}: {e}") from None
 
 
 @torch.no_grad()
@@ -64,7 +87,11 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
     """The target described by `directory/config.json`, with the shards' weights."""
     directory = Path(directory)
     config = read_config(directory)
-    model = allocate_target(config, device=device, dtype=dtype)
+    try:
+        model = allocate_target(config, device=device, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError) as e:  # sizes of the wrong type or sign, or too big to allocate
+        raise EngineError(f"{directory / 'config.json'}: describes no model this engine can build here "
+                          f"({str(e).splitlines()[0]})") from None
     wanted = model.state_dict()
     where = _shard_of_each_tensor(directory)
     quantized = [n for n in where if n.endswith("weight_scale_inv")]
@@ -81,13 +108,17 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
     for name in wanted:
         by_shard.setdefault(where[name], []).append(name)
     for shard, names in by_shard.items():
-        with safe_open(shard, framework="pt") as f:
+        with open_safetensors(shard) as f:
             for name in names:
-                tensor = f.get_tensor(name)
+                try:
+                    tensor = f.get_tensor(name)
+                except SafetensorError as e:
+                    raise EngineError(f"{shard}: cannot read {name} ({e})") from None
                 if tensor.shape != wanted[name].shape:
                     raise EngineError(f"{shard}: {name} has shape {tuple(tensor.shape)}, "
                                       f"config.json implies {tuple(wanted[name].shape)}")
                 wanted[name].copy_(tensor)
+    require_finite(model, directory)
     return model.eval().requires_grad_(False)
 
 

@@ -80,5 +80,5 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, damage, message):
 
 def test_missing_config_fields_are_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
-    with pytest.raises(EngineError, match="config.json lacks .*kv_lora_rank"):
+    with pytest.raises(EngineError, match="config.json: lacks .*kv_lora_rank"):
         from_pretrained(tmp_path)

@@ -1,0 +1,67 @@
+"""Checks of command-line values shared by the engine's subcommands: each bad value fails the same
+way in every subcommand (one EngineError line), before any model is loaded or trained."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from engine.errors import EngineError
+
+
+def at_least_one(args, *names: str) -> None:
+    """Counts that must be >= 1 when given (None: the subcommand's default)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+
+
+def temperature(value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise EngineError(f"--temperature must be 0 (greedy) or a finite positive number (got {value})")
+
+
+def learning_rate(value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise EngineError(f"--lr must be a finite positive number (got {value})")
+
+
+def device(name: str | None) -> str:
+    """The device to run on: `name`, or cuda when there is one; refuses unknown or absent devices."""
+    import torch
+
+    chosen = name or ("cuda" if torch.cuda.is_available() else "cpu")
+    if chosen not in ("cpu", "cuda"):
+        raise EngineError(f"unknown device {chosen!r}; choose cpu or cuda")
+    if chosen == "cuda" and not torch.cuda.is_available():
+        raise EngineError("--device cuda: no CUDA device is available here")
+    return chosen
+
+
+def cpu_threads(value: int) -> None:
+    cores = os.cpu_count() or 1
+    if not 1 <= value <= cores:
+        raise EngineError(f"--cpu-threads must be between 1 and this machine's {cores} cores (got {value})")
+
+
+def output_file(path: Path | None, flag: str) -> None:
+    """A file the run will write: its folder must exist and be writable, and it must not be a folder
+    (checked first, so that a long run is not lost at its end)."""
+    if path is None:
+        return
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir() or not path.name:
+        raise EngineError(f"{flag} {path}: is a folder, not a file")
+    if not folder.is_dir():
+        raise EngineError(f"{flag} {path}: folder {folder} does not exist")
+    existed = path.exists()
+    try:  # opened for appending, as the run will: the one test that permissions and mounts cannot fool
+        with open(path, "a"):
+            pass
+    except OSError as error:
+        raise EngineError(f"{flag} {path}: cannot write ({error.strerror})") from None
+    if not existed:
+        path.unlink()

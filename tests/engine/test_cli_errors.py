@@ -1,0 +1,111 @@
+"""`python -m engine` on bad input: one line on stderr naming the value or file, exit code 2, no
+traceback, and nothing run (the checks come before any model is loaded or trained)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "engine" / "assets" / "tiny"
+GENERATE = ["generate", "--model", "tiny", "--max-new-tokens", "4", "--prompt", "Hi", "--json"]
+SERVE = ["serve", "--workload", "chat", "--model", "tiny", "--requests", "2", "--max-new-tokens", "4"]
+
+
+def engine(*args, cwd=ROOT, env=None):
+    return subprocess.run([sys.executable, "-m", "engine", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd), **(env or {})}, timeout=300)
+
+
+def assert_one_line(done, *fragments):
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    for fragment in fragments:
+        assert str(fragment) in lines[0]
+
+
+def checkpoint(folder: Path, files: dict[str, bytes] | None = None, *, nan: bool = False) -> Path:
+    """A copy of the trained tiny target, with some of its files replaced or its first weight all NaN."""
+    shutil.copytree(TINY / "target", folder)
+    for name, data in (files or {}).items():
+        (folder / name).write_bytes(data)
+    if nan:
+        tensors = load_file(folder / "model.safetensors")
+        first = sorted(tensors)[0]
+        tensors[first] = torch.full_like(tensors[first], float("nan"))
+        save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (GENERATE + ["--device", "bogus"], ["unknown device 'bogus'"]),
+    (GENERATE + ["--temperature", "inf"], ["--temperature", "inf"]),
+    (GENERATE + ["--weights", TINY / "target", "--random-weights"], ["--weights and --random-weights"]),
+    (GENERATE + ["--drafter", ROOT / "engine" / "assets" / "small" / "drafter.safetensors"],
+     ["small/drafter.safetensors: a drafter for another target"]),
+    (GENERATE + ["--drafter", ROOT / "no-such-drafter.safetensors"], ["no-such-drafter.safetensors"]),
+    (SERVE + ["--cpu-threads", "100000"], ["--cpu-threads"]),
+    (SERVE + ["--summary", ROOT / "no-such-folder" / "s.json"], ["--summary", "does not exist"]),
+    (SERVE + ["--progress", ROOT], ["--progress", "is a folder"]),
+    (["train-drafter", "--model", "tiny", "--steps", "1", "--held-out-prompts", "0"], ["--held-out-prompts"]),
+    (["train-target", "--model", "tiny", "--steps", "1", "--lr", "nan"], ["--lr"]),
+])
+def test_bad_values_are_one_line(args, fragments):
+    assert_one_line(engine(*args), *fragments)
+
+
+def test_a_budget_the_gpu_builder_cannot_build_is_refused_by_serve_check_too():
+    for command in (GENERATE, SERVE + ["--check"]):
+        done = engine(*command, "--builder", "gpu", "--budget", "60", env={"TRITON_INTERPRET": "1"})
+        assert_one_line(done, "--builder gpu: budget 60")
+
+
+@pytest.mark.parametrize("files, nan, fragment", [
+    ({"model.safetensors": b"not safetensors"}, False, "model.safetensors: not a readable safetensors file"),
+    ({"config.json": b"\xff\xfe{}"}, False, "config.json: not valid JSON"),
+    ({"config.json": b'{"hidden_size": 64}'}, False, "config.json: lacks"),
+    (None, True, "holds NaN or Inf"),
+])
+def test_a_spoilt_checkpoint_is_one_line_naming_its_file(tmp_path, files, nan, fragment):
+    folder = checkpoint(tmp_path / "target", files, nan=nan)
+    assert_one_line(engine(*GENERATE, "--weights", folder), folder, fragment)
+
+
+def test_config_values_of_the_wrong_type_or_sign_are_named(tmp_path):
+    config = (TINY / "target" / "config.json").read_text()
+    for bad, field in ((config.replace('"num_hidden_layers": 2', '"num_hidden_layers": -1'), "num_hidden_layers"),
+                       (config.replace('"hidden_size": 64', '"hidden_size": "64"'), "hidden_size")):
+        assert bad != config
+        folder = checkpoint(tmp_path / field, {"config.json": bad.encode()})
+        assert_one_line(engine(*GENERATE, "--weights", folder), f"{field} must be a non-negative int")
+
+
+def test_an_incomplete_trained_pair_is_refused_not_replaced_by_random_weights(tmp_path):
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "engine", clone / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "engine" / "assets" / "tiny" / "drafter.safetensors").unlink()
+    assert_one_line(engine(*SERVE, cwd=clone), "preset tiny: the trained pair", "drafter missing")
+
+
+def test_a_corrupt_tokenizer_is_one_line_too(tmp_path):
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "engine", clone / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "engine" / "assets" / "tokenizer.json").write_text('{"merges": [1, 2')
+    assert_one_line(engine(*SERVE, cwd=clone), "tokenizer.json")
+
+
+def test_a_prompt_that_is_not_utf8_is_tokenised_as_its_bytes():
+    done = subprocess.run([sys.executable, "-m", "engine", *GENERATE[:-3], "--json", "--prompt", "\udcff\udcfe"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_serve_sizes_its_cache_by_the_requests_not_a_huge_concurrency(tmp_path):
+    done = engine(*SERVE, "--concurrency", "10000000", "--summary", tmp_path / "s.json")
+    assert done.returncode == 0, done.stderr
