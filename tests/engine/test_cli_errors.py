@@ -19,7 +19,9 @@ SERVE = ["serve", "--workload", "chat", "--model", "tiny", "--requests", "2", "-
 
 def engine(*args, cwd=ROOT, env=None):
     return subprocess.run([sys.executable, "-m", "engine", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd), **(env or {})}, timeout=300)
+                          cwd=cwd, env={**os.environ, **(env or {}),  # cwd's engine first, then the caller's path
+                                        "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])},
+                          timeout=300)
 
 
 def assert_one_line(done, *fragments):
