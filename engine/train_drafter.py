@@ -43,6 +43,7 @@ from engine.tokenizer import load_tokenizer
 from engine.train import (add_common_arguments, check_common_arguments, learning_rate, progress_bar, run_record,
                           set_learning_rate, write_record)
 from engine.trained import STORAGE_DTYPE, asset_dir, load_target
+from engine.weights import require_finite
 
 DEPTH_DECAY = 0.8
 GENERATION_BATCH = 32  # prompts continued together (one engine, one cache slot each)
@@ -219,6 +220,7 @@ def agreement(drafter: Drafter, target: TargetModel, data: Distillation) -> dict
 
 
 def save_drafter(drafter: Drafter, path: Path) -> None:
+    require_finite(drafter, f"train-drafter (not saved to {path})")  # a diverged run keeps the old drafter
     path.parent.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(drafter).to(STORAGE_DTYPE).save(str(path))
 

@@ -30,7 +30,7 @@ from engine.tokenizer import load_tokenizer
 from engine.train import (add_common_arguments, check_common_arguments, learning_rate, progress_bar, run_record,
                           set_learning_rate, write_record)
 from engine.trained import STORAGE_DTYPE, asset_dir, load_target
-from engine.weights import save_pretrained
+from engine.weights import require_finite, save_pretrained
 
 BIAS_RATE = 1e-3  # DeepSeek-V3's bias update speed
 HELD_OUT_SEQUENCES = 16
@@ -99,7 +99,9 @@ def held_out_loss(model: TargetModel, tokenizer, seq_len: int, *, seed: int = 0)
 
 
 def save_target(model: TargetModel, directory: Path) -> None:
-    """The checkpoint in the storage dtype (routers and position tables stay float32, see TargetModel.cast)."""
+    """The checkpoint in the storage dtype (routers and position tables stay float32, see TargetModel.cast);
+    a run that diverged (NaN or Inf weights) writes nothing over the checkpoint there."""
+    require_finite(model, f"train-target (not saved to {directory})")
     save_pretrained(copy.deepcopy(model).cast(STORAGE_DTYPE), directory)
 
 

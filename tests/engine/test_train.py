@@ -9,13 +9,14 @@ import torch
 from engine import corpus
 from engine.__main__ import main
 from engine.config import preset
-from engine.drafter import Drafter
+from engine.drafter import Drafter, build_drafter
+from engine.errors import EngineError
 from engine.model import MoE, build_target, plain_matmuls
 from engine.tokenizer import load_tokenizer
 from engine.train_drafter import Recipe as DrafterRecipe
-from engine.train_drafter import make_distillation, train_drafter
+from engine.train_drafter import make_distillation, save_drafter, train_drafter
 from engine.train_target import Recipe as TargetRecipe
-from engine.train_target import train_target
+from engine.train_target import save_target, train_target
 from engine.trained import load_target
 
 TOKENIZER = load_tokenizer()
@@ -118,3 +119,18 @@ def test_packed_training_blocks_are_what_the_engine_drafts(distillation):
         want = logits[i].log_softmax(-1).topk(4, dim=-1)
         assert torch.equal(want.indices, top_ids[0]) and torch.allclose(want.values, top_lp[0], atol=1e-5)
         assert labels[i].tolist() == data.tokens[1, a + 1:a + 1 + TINY.drafter.depth].tolist()
+
+
+def test_a_diverged_run_saves_nothing(tmp_path):
+    """NaN weights would overwrite a good checkpoint (by default the committed one) with garbage."""
+    config = preset("tiny")
+    target = build_target(config.model, seed=0)
+    drafter = build_drafter(config.drafter, config.model, seed=1)
+    with torch.no_grad():
+        next(target.parameters()).fill_(float("nan"))
+        next(drafter.parameters()).fill_(float("inf"))
+    with pytest.raises(EngineError, match="not saved to .*holds NaN or Inf"):
+        save_target(target, tmp_path / "target")
+    with pytest.raises(EngineError, match="not saved to .*holds NaN or Inf"):
+        save_drafter(drafter, tmp_path / "drafter.safetensors")
+    assert list(tmp_path.iterdir()) == []
