@@ -1,11 +1,10 @@
-"""The serving API: admission and capacity, stepping, stop rules, release, and the NVTX sequence."""
+"""The serving API: admission and capacity, stepping, stop rules, release (the NVTX sequence is checked
+on real nsys captures: test_nvtx_nsys.py)."""
 
 import pytest
 
-import engine.nvtx_ranges
 from engine.engine import Engine
 from engine.errors import EngineError
-from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
 
 PROMPT = [256, 72, 101, 108, 108, 111]
 
@@ -91,54 +90,3 @@ def test_max_new_tokens_one_finishes_at_prefill(tiny):
     engine = make(tiny)
     engine.admit("x", PROMPT, 1)
     assert engine.active == 0 and engine.finished() == ["x"] and engine.result("x").target_forwards == 1
-
-
-@pytest.fixture
-def nvtx_calls(monkeypatch):
-    calls = []
-    fake = type("FakeNvtx", (), {
-        "push_range": staticmethod(lambda name, domain: calls.append(("push", name, domain))),
-        "pop_range": staticmethod(lambda domain: calls.append(("pop", None, domain))),
-        "mark": staticmethod(lambda name, payload, domain: calls.append(("mark", name, domain, payload))),
-    })
-    monkeypatch.setattr(engine.nvtx_ranges, "nvtx", fake)
-    return calls
-
-
-def split_steps(calls):
-    """The call sequence as [(prefill...)...] and per step (inner range names, mark payload)."""
-    assert all(c[2] == DOMAIN for c in calls)
-    prefills, steps, i = 0, [], 0
-    while i < len(calls):
-        kind, name = calls[i][:2]
-        if (kind, name) == ("push", PREFILL):
-            assert calls[i + 1][:2] == ("pop", None)
-            prefills, i = prefills + 1, i + 2
-            continue
-        assert (kind, name) == ("push", STEP)
-        j, inner = i + 1, []
-        while calls[j][0] == "push":
-            assert calls[j + 1][:2] == ("pop", None)  # stages do not nest
-            inner.append(calls[j][1])
-            j += 2
-        assert calls[j][:2] == ("pop", None) and calls[j + 1][:2] == ("mark", TOKENS_MARK)
-        steps.append((inner, calls[j + 1][3]))
-        i = j + 2
-    return prefills, steps
-
-
-@pytest.mark.parametrize("mode,stages", [("ddtree", list(STAGES)), ("ar", ["verify", "sampling"])])
-def test_nvtx_sequence(tiny, nvtx_calls, mode, stages):
-    engine = make(tiny, mode=mode, nvtx=True)
-    engine.admit("a", PROMPT, 9)
-    engine.admit("b", PROMPT[:2], 5)
-    while engine.active:
-        engine.step()
-    prefills, steps = split_steps(nvtx_calls)
-    assert prefills == 2 and steps and all(inner == stages for inner, _ in steps)
-    assert sum(payload for _, payload in steps) == (9 - 1) + (5 - 1)  # the first tokens come from prefill
-
-
-def test_nvtx_off_emits_nothing(tiny, nvtx_calls):
-    run_alone(tiny, PROMPT, 6, nvtx=False)
-    assert nvtx_calls == []

@@ -12,14 +12,15 @@ PUSH_POP_RANGE, MARK, DOMAIN_CREATE = 59, 34, 75
 MAX_NEW = 10
 
 
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory):
-    out = tmp_path_factory.mktemp("engine_nsys")
-    command = [sys.executable, "-m", "engine", "generate", "--model", "tiny", "--mode", "ddtree", "--budget", "4",
-               "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--prompt", "Hi", "--prompt", "A longer prompt",
-               "--json"]
-    report = profile(command, out / "run")
+def nvtx_events(folder, *flags: str) -> list[dict]:
+    """The NVTX ranges and marks of a real nsys capture of two generate requests."""
+    command = [sys.executable, "-m", "engine", "generate", "--model", "tiny", "--budget", "4", "--max-new-tokens",
+               str(MAX_NEW), "--ignore-eos", "--prompt", "Hi", "--prompt", "A longer prompt", "--json", *flags]
+    report = profile(command, folder / "run")
     with sqlite3.connect(export_sqlite(report)) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "NVTX_EVENTS" not in tables:  # nsys creates the table only when something was emitted
+            return []
         domains = dict(db.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = ?", (DOMAIN_CREATE,)))
         rows = db.execute(
             "SELECT e.start, e.end, coalesce(e.text, s.value), e.domainId, e.globalTid, e.int64Value, e.eventType "
@@ -27,6 +28,11 @@ def capture(tmp_path_factory):
             (PUSH_POP_RANGE, MARK)).fetchall()
     return [dict(start=s, end=e, name=n, domain=domains.get(d), tid=g, payload=p, kind=k)
             for s, e, n, d, g, p, k in rows]
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    return nvtx_events(tmp_path_factory.mktemp("engine_nsys"), "--mode", "ddtree")
 
 
 def test_steps_hold_the_six_stages_then_a_tokens_mark(capture):
@@ -47,3 +53,18 @@ def test_steps_hold_the_six_stages_then_a_tokens_mark(capture):
     assert len(marks) == len(steps) and all(m["name"] == TOKENS_MARK for m in marks)
     # Each request's first token comes from its prefill; the marks count all the others.
     assert sum(m["payload"] for m in marks) == 2 * (MAX_NEW - 1)
+
+
+def test_ar_steps_hold_verify_then_sampling(tmp_path):
+    events = nvtx_events(tmp_path, "--mode", "ar")
+    ranges = [e for e in events if e["kind"] == PUSH_POP_RANGE]
+    steps = [r for r in ranges if r["name"] == STEP]
+    assert len(steps) == MAX_NEW - 1  # one token per step after the prefill's, both requests in each step
+    for step in steps:
+        inside = [r["name"] for r in ranges if r["name"] in STAGES and step["start"] <= r["start"] <= step["end"]]
+        assert inside == ["verify", "sampling"]
+    assert sum(e["payload"] for e in events if e["kind"] == MARK) == 2 * (MAX_NEW - 1)
+
+
+def test_no_nvtx_emits_nothing(tmp_path):
+    assert [e for e in nvtx_events(tmp_path, "--no-nvtx") if e["domain"] == DOMAIN] == []
