@@ -64,7 +64,9 @@ def test_breakdown_agrees_with_what_the_program_emitted_and_timed(capture):
         assert stage["crit_ms"] == pytest.approx(stage["cpu_ms"], abs=1e-9)  # no GPU, no nesting
     step_ms = summary["step_ms"]["total"]
     assert summary["other_crit_ms"] == pytest.approx(step_ms - sum(s["cpu_ms"] for s in summary["stages"]))
-    assert summary["bound_by"] == "verify"
+    # The stage that took longest by the program's own clock (verify spins longest, but a loaded machine
+    # may stretch any stage: the program's record, not the spin times, is what ddprof must agree with).
+    assert summary["bound_by"] == max(record["stage_ns"], key=lambda stage: sum(record["stage_ns"][stage]))
     assert summary["tok_per_s"] == pytest.approx(record["tokens"] / summary["wall_s"])
 
 
