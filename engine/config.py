@@ -22,6 +22,11 @@ from engine.errors import EngineError
 from engine.tokenizer import load_tokenizer
 
 
+# What config.json may hold for each ModelConfig field, by its annotation (a string: annotations are
+# postponed); bool is an int in Python, so numbers also refuse it.
+_JSON_KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict | None": (dict, type(None))}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The target model. Fields are `config.json` keys; unknown keys in a file are ignored."""
@@ -81,12 +86,11 @@ class ModelConfig:
         missing = sorted(n for n in names - set(raw) if n != "torch_dtype")
         if missing:
             raise EngineError(f"lacks {', '.join(missing)}")
-        for field in dataclasses.fields(cls):  # annotations are strings here (postponed evaluation)
+        for field in dataclasses.fields(cls):
             value = raw.get(field.name, field.default)
             number = field.type in ("int", "float")
-            kinds = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict | None": (dict, type(None))}[
-                field.type]
-            if not isinstance(value, kinds) or (number and (isinstance(value, bool) or not value >= 0)):
+            wrong_number = number and (isinstance(value, bool) or not value >= 0)
+            if not isinstance(value, _JSON_KINDS[field.type]) or wrong_number:
                 raise EngineError(f"{field.name} must be a {'non-negative ' if number else ''}{field.type}, "
                                   f"not {value!r}")
         return cls(**{k: v for k, v in raw.items() if k in names})
