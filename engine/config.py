@@ -89,8 +89,8 @@ class ModelConfig:
         for field in dataclasses.fields(cls):
             value = raw.get(field.name, field.default)
             number = field.type in ("int", "float")
-            wrong_number = number and (isinstance(value, bool) or not value >= 0)
-            if not isinstance(value, _JSON_KINDS[field.type]) or wrong_number:
+            right_kind = isinstance(value, _JSON_KINDS[field.type])
+            if not right_kind or (number and (isinstance(value, bool) or not value >= 0)):
                 raise EngineError(f"{field.name} must be a {'non-negative ' if number else ''}{field.type}, "
                                   f"not {value!r}")
         return cls(**{k: v for k, v in raw.items() if k in names})
