@@ -33,11 +33,12 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                 drafter_path: str | None = None, random_weights: bool = False) -> tuple[TargetModel, Drafter]:
     """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter.
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
-    if not weights and not random_weights and has_target(model) != drafter_path_of(model).is_file():
-        raise EngineError(f"preset {model}: the trained pair under engine/assets/{model}/ is incomplete (target "
-                          f"{'present' if has_target(model) else 'missing'}, drafter "
-                          f"{'present' if drafter_path_of(model).is_file() else 'missing'}); restore it "
-                          "(git checkout engine/assets) or retrain it (python -m engine train-target, train-drafter)")
+    present = {"target": has_target(model), "drafter": drafter_path_of(model).is_file()}
+    if not weights and not random_weights and len(set(present.values())) == 2:  # half a pair: not random weights
+        missing = next(part for part, there in present.items() if not there)
+        raise EngineError(f"preset {model}: the trained pair under engine/assets/{model}/ lacks its {missing}; "
+                          "restore it (git checkout engine/assets) or retrain it (python -m engine train-target, "
+                          "train-drafter)")
     if not weights and not random_weights and has_pair(model):
         target = load_target(model, device=device)
         return target, (_matching_drafter(drafter_path, target) if drafter_path else load_drafter(model, target))

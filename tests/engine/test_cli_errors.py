@@ -92,7 +92,7 @@ def test_an_incomplete_trained_pair_is_refused_not_replaced_by_random_weights(tm
     clone = tmp_path / "clone"
     shutil.copytree(ROOT / "engine", clone / "engine", ignore=shutil.ignore_patterns("__pycache__"))
     (clone / "engine" / "assets" / "tiny" / "drafter.safetensors").unlink()
-    assert_one_line(engine(*SERVE, cwd=clone), "preset tiny: the trained pair", "drafter missing")
+    assert_one_line(engine(*SERVE, cwd=clone), "preset tiny: the trained pair", "lacks its drafter")
 
 
 def test_a_corrupt_tokenizer_is_one_line_too(tmp_path):
