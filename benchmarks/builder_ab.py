@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import RESULTS, describe  # noqa: E402
 from engine import corpus  # noqa: E402
 from engine.engine import Engine  # noqa: E402
+from engine.errors import EngineError  # noqa: E402
 from engine.generate import load_models  # noqa: E402
 from engine.scheduler import serve  # noqa: E402
 from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up  # noqa: E402
@@ -71,4 +72,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EngineError as error:  # e.g. the GPU builder without CUDA (or TRITON_INTERPRET=1)
+        sys.exit(f"builder_ab: {error}")
