@@ -21,6 +21,9 @@ from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# A report's sibling export older than the report by more than this is stale (a later capture wrote
+# the report); copies and checkouts leave the two within seconds of each other, in either order.
+STALE_EXPORT_S = 60
 _READERS = 3  # big tables read at once: NVTX events, runtime calls, kernels
 
 
@@ -43,6 +46,10 @@ def resolve_export(path: Path) -> Path:
         if sibling.is_file():
             if not os.access(sibling, os.R_OK):
                 raise DdprofError(f"{sibling}: not readable (permission denied)")
+            behind = path.stat().st_mtime - sibling.stat().st_mtime
+            if behind > STALE_EXPORT_S:  # an export is written after its report, seconds later at most
+                raise DdprofError(f"{sibling}: {behind:.0f} s older than {path.name}, so an export of an earlier "
+                                  "capture; delete it to export the report again, or pass the .sqlite itself")
             return sibling
         if os.access(path.parent, os.W_OK):
             return export_sqlite(path)

@@ -1,5 +1,6 @@
 """ddprof.load on hand-built exports in both schema versions, and its one-line errors on bad input."""
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -116,6 +117,20 @@ def test_nsys_rep_with_a_sibling_export_reads_the_sibling(tmp_path):
     export.write(tmp_path / "run.sqlite")
     (tmp_path / "run.nsys-rep").write_bytes(b"a report nsys would need to export")
     assert load(tmp_path / "run.nsys-rep").source == tmp_path / "run.sqlite"
+
+
+def test_a_sibling_export_older_than_its_report_is_refused(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    sibling = export.write(tmp_path / "run.sqlite")
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"a later capture's report")
+    now = report.stat().st_mtime
+    os.utime(sibling, (now - 30, now - 30))  # within a copy's jitter: still read
+    assert load(report).source == sibling
+    os.utime(sibling, (now - 3600, now - 3600))
+    with pytest.raises(DdprofError, match=r"run.sqlite: 3600 s older than run.nsys-rep"):
+        load(report)
 
 
 def _sqlite_without_nvtx(path: Path) -> None:
