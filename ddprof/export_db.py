@@ -44,8 +44,6 @@ def resolve_export(path: Path) -> Path:
     if path.suffix == ".nsys-rep":
         sibling = path.with_suffix(".sqlite")
         if sibling.is_file():
-            if not os.access(sibling, os.R_OK):
-                raise DdprofError(f"{sibling}: not readable (permission denied)")
             behind = path.stat().st_mtime - sibling.stat().st_mtime
             if behind > STALE_EXPORT_S:  # an export is written after its report, seconds later at most
                 raise DdprofError(f"{sibling}: {behind:.0f} s older than {path.name}, so an export of an earlier "

@@ -14,8 +14,7 @@ def main(argv: list[str] | None = None) -> int:
         # Imported here: loading them reads engine/assets (the tokenizer), which can fail like any input.
         from engine import generate, serve, tokenizer, train_drafter, train_target
     except EngineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(error)
     parser = argparse.ArgumentParser(prog="python -m engine", description="The embedded DDTree engine.")
     subcommands = parser.add_subparsers(dest="command", required=True)
     for module in (generate, serve, tokenizer, train_target, train_drafter):  # each registers its parser and `run`
@@ -25,8 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except EngineError as error:
-        print(f"error: {' '.join(str(error).splitlines())}", file=sys.stderr)
-        return 2
+        return _refuse(error)
+
+
+def _refuse(error: EngineError) -> int:
+    """An input problem: one line on stderr (whatever the message quotes), exit code 2."""
+    print(f"error: {' '.join(str(error).splitlines())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

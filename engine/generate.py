@@ -33,9 +33,9 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                 drafter_path: str | None = None, random_weights: bool = False) -> tuple[TargetModel, Drafter]:
     """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter.
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
-    present = {"target": has_target(model), "drafter": drafter_path_of(model).is_file()}
-    if not weights and not random_weights and len(set(present.values())) == 2:  # half a pair: not random weights
-        missing = next(part for part, there in present.items() if not there)
+    target_there, drafter_there = has_target(model), drafter_path_of(model).is_file()
+    if not weights and not random_weights and target_there != drafter_there:  # half a pair: not random weights
+        missing = "drafter" if target_there else "target"
         raise EngineError(f"preset {model}: the trained pair under engine/assets/{model}/ lacks its {missing}; "
                           "restore it (git checkout engine/assets) or retrain it (python -m engine train-target, "
                           "train-drafter)")
