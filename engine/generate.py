@@ -92,8 +92,8 @@ def register(subcommands) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the random weights (with --random-weights, or a preset without trained ones)")
     parser.add_argument("--mode", default="ddtree", choices=["ddtree", "ar"])
-    parser.add_argument("--builder", default="cpu", choices=["cpu", "gpu"], help="DDTree tree builder")
-    parser.add_argument("--budget", type=int, default=8, help="draft tree nodes per step")
+    parser.add_argument("--builder", choices=["cpu", "gpu"], help="DDTree tree builder (default cpu)")
+    parser.add_argument("--budget", type=int, help="draft tree nodes per step (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
     parser.add_argument("--sample-seed", type=int, default=0,
@@ -108,6 +108,7 @@ def register(subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     arguments.at_least_one(args, "budget", "max_new_tokens")
+    _tree_options(args)
     arguments.temperature(args.temperature)
     args.device = arguments.device(args.device)
     if args.weights and args.random_weights:
@@ -127,6 +128,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(texts, rows, args)
     return 0
+
+
+def _tree_options(args: argparse.Namespace) -> None:
+    """--builder and --budget shape DDTree's draft tree; autoregressive decoding drafts none, so
+    giving them with --mode ar is a mistake worth saying rather than ignoring."""
+    if args.mode == "ar":
+        given = [flag for flag, value in (("--builder", args.builder), ("--budget", args.budget)) if value is not None]
+        if given:
+            raise EngineError(f"{' and '.join(given)}: only for --mode ddtree (--mode ar drafts no tree)")
+    args.builder = args.builder or "cpu"
+    args.budget = args.budget or 8
 
 
 def _print_table(texts: list[str], rows: list[dict], args: argparse.Namespace) -> None:

@@ -52,6 +52,8 @@ def checkpoint(folder: Path, files: dict[str, bytes] | None = None, *, nan: bool
     (GENERATE + ["--drafter", ROOT / "engine" / "assets" / "small" / "drafter.safetensors"],
      ["small/drafter.safetensors: a drafter for another target"]),
     (GENERATE + ["--drafter", ROOT / "no-such-drafter.safetensors"], ["no-such-drafter.safetensors"]),
+    (GENERATE + ["--mode", "ar", "--builder", "gpu"], ["--builder: only for --mode ddtree"]),
+    (GENERATE + ["--mode", "ar", "--budget", "16"], ["--budget: only for --mode ddtree"]),
     (SERVE + ["--cpu-threads", "100000"], ["--cpu-threads"]),
     (SERVE + ["--summary", ROOT / "no-such-folder" / "s.json"], ["--summary", "does not exist"]),
     (SERVE + ["--progress", ROOT], ["--progress", "is a folder"]),

@@ -23,15 +23,16 @@ def cli(*args, env=None):
                           cwd=ROOT, env=env, timeout=120)
 
 
-def generate_json(mode, budget, prompt="Hello, world"):
-    done = cli("--model", "tiny", "--seed", "0", "--mode", mode, "--builder", "cpu", "--budget", str(budget),
-               "--max-new-tokens", "20", "--prompt", prompt, "--json")
+def generate_json(mode, budget=None, prompt="Hello, world"):
+    tree = ["--builder", "cpu", "--budget", str(budget)] if budget else []
+    done = cli("--model", "tiny", "--seed", "0", "--mode", mode, *tree, "--max-new-tokens", "20", "--prompt", prompt,
+               "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def test_cli_ddtree_prints_the_ar_tokens():
-    ar = generate_json("ar", 4)
+    ar = generate_json("ar")
     assert set(ar) >= {"tokens", "target_forwards", "accept_lengths"}
     assert len(ar["tokens"]) == 20 and ar["target_forwards"] == 20 and ar["accept_lengths"] == []
     for budget in (2, 12):
