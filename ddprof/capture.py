@@ -101,7 +101,17 @@ def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] 
     out = Path(request.out)
     if out.suffix in (".nsys-rep", ".sqlite", ".json"):  # `--out traces/x.nsys-rep` means traces/x
         out = out.with_suffix("")
-    _make_output_folder(out.parent)
+    created = _make_output_folder(out.parent)
+    try:
+        return _capture_into(out, request, nsys, on_progress)
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def _capture_into(out: Path, request: CaptureRequest, nsys: Nsys,
+                  on_progress: Callable[[int, int], None] | None) -> Capture:
+    """Profile in a hidden staging folder beside `out`, then publish the three files together."""
     device = "cuda" if cuda_available() else "cpu"
     env = allowlisted_env()
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.capturing-", dir=out.parent))
@@ -122,13 +132,24 @@ def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] 
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _make_output_folder(folder: Path) -> None:
+def _make_output_folder(folder: Path) -> list[Path]:
+    """Create `folder` (and missing parents); returns the folders created, deepest first."""
+    created = [parent for parent in (folder, *folder.parents) if not parent.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DdprofError(f"{folder}: cannot create output folder ({exc.strerror})") from None
     if not os.access(folder, os.W_OK):
         raise DdprofError(f"{folder}: output folder is not writable")
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed capture created (deepest first), so it leaves nothing behind."""
+    for folder in folders:
+        if any(folder.iterdir()):
+            return
+        folder.rmdir()
 
 
 def _check_arguments(command: list[str], env: dict[str, str]) -> None:

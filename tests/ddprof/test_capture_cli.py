@@ -22,7 +22,7 @@ def ddprof(*args, env=None):
     (["--workload", "long-context", "--model", "tiny"], "ddprof: error: workload long-context needs"),
 ])
 def test_bad_arguments_are_one_line_errors_and_leave_no_files(tmp_path, args, message):
-    done = ddprof("capture", *args, "--out", str(tmp_path / "run"))
+    done = ddprof("capture", *args, "--out", str(tmp_path / "new" / "folders" / "run"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in done.stderr + done.stdout
