@@ -14,13 +14,13 @@ import mmap
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from ddprof.cache import cache_dir
 from ddprof.errors import DdprofError
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -93,7 +93,7 @@ def _library() -> ctypes.CDLL:
 def _built_library() -> ctypes.CDLL:
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    built = _cache_dir() / f"btree_scan-{digest}.so"
+    built = cache_dir() / f"btree_scan-{digest}.so"
     if not built.exists():
         _compile(built)
     lib = ctypes.CDLL(str(built))
@@ -102,17 +102,6 @@ def _built_library() -> ctypes.CDLL:
     lib.scan_table.argtypes = [ptr, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, i64, ptr, ptr, ptr, i64,
                                ctypes.c_char_p, ctypes.c_int]
     return lib
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    folder = Path(root) / "ddprof"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        folder = Path(tempfile.gettempdir()) / f"ddprof-{os.getuid()}"
-        folder.mkdir(exist_ok=True)
-    return folder
 
 
 def _compile(target: Path) -> None:

@@ -8,7 +8,9 @@ nsys versions add and drop columns and create tables lazily (absent when empty).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sqlite3
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, ROWID, MappedFile, ScanError, scan_table
+from ddprof.cache import cache_dir
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
 
@@ -32,7 +35,7 @@ def resolve_export(path: Path) -> Path:
 
     A report's sibling `.sqlite` is used when present (a report from a newer nsys can only be
     exported where it was captured); otherwise the local nsys exports it beside the report, or
-    into a temporary folder when the report's folder is read-only.
+    into ddprof's cache when the report's folder is read-only (exported once, reused after).
     """
     path = Path(path)
     if not path.exists():
@@ -51,8 +54,24 @@ def resolve_export(path: Path) -> Path:
             return sibling
         if os.access(path.parent, os.W_OK):
             return export_sqlite(path)
-        return export_sqlite(path, Path(tempfile.mkdtemp(prefix="ddprof-export-")) / sibling.name)
+        return _cached_export(path)
     return path
+
+
+def _cached_export(report: Path) -> Path:
+    """The export of a report in a read-only folder, kept in ddprof's cache under a key of the
+    report's path, size and modification time, so that a changed report is exported afresh."""
+    stat = report.stat()
+    key = hashlib.sha256(f"{report.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "exports" / key / report.with_suffix(".sqlite").name
+    if not cached.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cached.parent))  # an interrupted export is never taken for a whole one
+        try:
+            os.replace(export_sqlite(report, staging / cached.name), cached)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return cached
 
 
 def _check_sqlite_file(path: Path) -> None:

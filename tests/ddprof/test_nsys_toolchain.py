@@ -2,12 +2,14 @@
 
 import json
 import os
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
 
+from ddprof import export_db
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite, find_nsys, profile
 
@@ -57,6 +59,34 @@ def test_find_nsys_reports_a_version():
     nsys = find_nsys()
     assert nsys.path.is_file()
     assert nsys.version_tuple[0] >= 2022
+
+
+def test_a_report_in_a_read_only_folder_is_exported_once_into_the_cache(capture, tmp_path, monkeypatch):
+    report, sqlite_path, _ = capture
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    shared = shelf / "run.nsys-rep"
+    shutil.copy2(report, shared)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # Tests run as root, to whom every folder is writable: the shelf is made to look read-only.
+    real_access = os.access
+
+    def access(path, mode):
+        return real_access(path, mode) and not (Path(path) == shelf and mode == os.W_OK)
+
+    monkeypatch.setattr(export_db.os, "access", access)
+
+    first = export_db.resolve_export(shared)
+    assert first.is_relative_to(tmp_path / "cache" / "ddprof" / "exports") and first.name == "run.sqlite"
+    assert list(shelf.iterdir()) == [shared] and list(first.parent.iterdir()) == [first]
+    with sqlite3.connect(first) as db, sqlite3.connect(sqlite_path) as original:
+        assert _ranges(db) == _ranges(original)
+    exported_at = first.stat().st_mtime_ns
+    assert export_db.resolve_export(shared) == first and first.stat().st_mtime_ns == exported_at  # reused
+
+    stat = shared.stat()
+    os.utime(shared, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new report under the same name
+    assert export_db.resolve_export(shared) != first
 
 
 def test_explicit_nsys_that_does_not_exist_is_a_clear_error(monkeypatch):
