@@ -41,7 +41,6 @@ from tests.ddprof.exports import (DOMAIN_CREATE, MARK, PUSH_POP, global_pid, glo
 
 PID = TID = 4242
 RANGES_PER_STEP = 1 + len(STAGES)
-KERNELS_PER_STEP = len(STAGES) + 1  # one per stage, and a second one in the last stage
 
 
 def synthetic_export(path: Path, n_ranges: int, seed: int = 0) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -23,8 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import polars as pl
+
 from ddprof import __version__
 from ddprof.errors import DdprofError
+from ddprof.export_db import ExportDb
+from ddprof.load import load
 from ddprof.nsys import Nsys, export_sqlite, find_nsys, profile
 from engine.stages import DOMAIN, STEP
 
@@ -172,15 +175,15 @@ def _read_summary(path: Path) -> dict:
 
 
 def _count_steps(sqlite_path: Path, engine_steps: int | None) -> int:
-    """Number of `step` ranges in the export. Zero where the engine says it ran decode steps means
-    NVTX was silently off (e.g. nvtx>=0.2.12); where it ran none, the run was too short to decode."""
-    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        steps = 0
-        if "NVTX_EVENTS" in tables:
-            steps = db.execute(
-                "SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-                "WHERE coalesce(e.text, s.value) = ? AND e.end IS NOT NULL", (STEP,)).fetchone()[0]
+    """Number of `step` ranges of the engine's domain, read as every analysis reads them. Zero where
+    the engine says it ran decode steps means NVTX was silently off (e.g. nvtx>=0.2.12); where it
+    ran none, the run was too short to decode."""
+    with ExportDb(sqlite_path) as db:
+        recorded = "NVTX_EVENTS" in db.tables  # absent when the run emitted no NVTX at all
+    steps = 0
+    if recorded:
+        ranges = load(sqlite_path).flat_ranges
+        steps = ranges.filter((pl.col("name") == STEP) & (pl.col("domain") == DOMAIN)).height
     if steps == 0 and engine_steps == 0:
         raise DdprofError(f"{sqlite_path}: the engine ran no decode step (every request ended at prefill); "
                           "ask for more tokens (--max-new-tokens) or more requests")

@@ -19,8 +19,6 @@ requests, the NVTX `step` range around a step and the `tokens` mark after it.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -75,13 +73,9 @@ def tree_builder(name: str, device: torch.device):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise EngineError(f"--builder gpu runs a Triton kernel: it needs a CUDA device (the engine is on {device}) "
                               "or TRITON_INTERPRET=1 for Triton's CPU interpreter")
-        if importlib.util.find_spec("triton_kernels.tree_build") is None:
-            raise EngineError("--builder gpu needs triton_kernels/tree_build.py (build_tree_gpu), which does not "
-                              "exist yet; use --builder cpu")
-        module = importlib.import_module("triton_kernels.tree_build")
-        if not hasattr(module, "build_tree_gpu"):
-            raise EngineError("--builder gpu: triton_kernels/tree_build.py defines no build_tree_gpu; use --builder cpu")
-        return module.build_tree_gpu
+        from triton_kernels.tree_build import build_tree_gpu
+
+        return build_tree_gpu
     raise EngineError(f"unknown tree builder {name!r}; choose cpu or gpu")
 
 

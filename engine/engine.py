@@ -37,7 +37,6 @@ from engine.stages import PREFILL, STEP, TOKENS_MARK
 @dataclass
 class Request:
     slot: int
-    prompt_len: int
     max_new_tokens: int
     eos_id: int | None
     seed: int
@@ -118,7 +117,7 @@ class Engine:
         if not 0 <= seed < MAX_SEED:
             raise EngineError(f"request {request_id!r}: seed must be in [0, 2**32), got {seed}")
         slot = self.cache.allocate()
-        request = Request(slot, len(prompt_tokens), max_new_tokens, eos_id, seed)
+        request = Request(slot, max_new_tokens, eos_id, seed)
         with self.nvtx.range(PREFILL):
             tokens = torch.tensor(prompt_tokens, dtype=torch.int64, device=self.device)
             logits, features = self.model.prefill(tokens, self.cache.kv, slot, self.decoder.feature_layers)

@@ -67,10 +67,6 @@ class LatentKVCache:
         self._free.append(slot)
         self._free.sort()
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
-        """rows [bs, T, D] go to positions [bs, T] of slots [bs] in `layer`."""
-        self.kv[layer, slots[:, None], positions] = rows.to(self.kv.dtype)
-
     def compact(self, slots: torch.Tensor, prefix_lens: torch.Tensor, accepted: torch.Tensor,
                 accept_len: torch.Tensor) -> None:
         if self.kv.is_cuda:  # the Triton kernel (triton_kernels/kv_compact.py), same result

@@ -61,8 +61,8 @@ def load_target(name: str, *, device: str | torch.device = "cpu", directory: Pat
     return target
 
 
-def load_drafter(name: str, target: TargetModel, *, path: Path | None = None) -> Drafter:
-    path = path or drafter_path(name)
+def load_drafter(name: str, target: TargetModel) -> Drafter:
+    path = drafter_path(name)
     drafter = Drafter.load(str(path), device=target.device, dtype=target.dtype)
     if drafter.config != preset(name).drafter or drafter.target_config.vocab_size != target.config.vocab_size:
         raise EngineError(f"{path}: trained for a different {name!r} preset than engine/config.py defines; "
@@ -70,9 +70,9 @@ def load_drafter(name: str, target: TargetModel, *, path: Path | None = None) ->
     return drafter
 
 
-def describe(name: str, *, random_weights: bool = False, seed: int = 0) -> str:
+def describe(name: str, *, seed: int = 0) -> str:
     """What `engine.generate.load_models` loads for preset `name`, in words (for run summaries)."""
-    if not random_weights and has_pair(name):
+    if has_pair(name):
         return f"trained ({asset_dir(name).relative_to(ASSETS.parents[1])})"
     return f"random (seed {seed})"
 

@@ -38,10 +38,6 @@ class TreeBatch:
     parents: torch.Tensor  # [bs, B] int64, -1 = root, else an index < the node's own
     visibility: torch.Tensor  # [bs, B, B] bool, [b, i, j] = node j is node i or one of its ancestors
 
-    @property
-    def budget(self) -> int:
-        return self.token_ids.shape[1]
-
     def to(self, device: torch.device | str) -> TreeBatch:
         return TreeBatch(*(t.to(device, non_blocking=True) for t in
                            (self.token_ids, self.depths, self.parents, self.visibility)))

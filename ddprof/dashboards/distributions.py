@@ -18,9 +18,9 @@ from engine.stages import STAGES
 QUANTILES = {"lowerfence": 0, "q1": 25, "median": 50, "q3": 75, "upperfence": 100}
 
 
-def box_statistics(run: Run, metric: str = "crit_ns") -> dict[str, list[float]]:
-    """Per stage (in STAGES order): min, quartiles, max and mean of the per-step `metric`, in ms."""
-    per_step = run.attribution.matrix(metric)[:, :len(STAGES)] / 1e6
+def box_statistics(run: Run) -> dict[str, list[float]]:
+    """Per stage (in STAGES order): min, quartiles, max and mean of the per-step critical-path time, in ms."""
+    per_step = run.attribution.matrix("crit_ns")[:, :len(STAGES)] / 1e6
     stats = {name: np.percentile(per_step, q, axis=0).tolist() for name, q in QUANTILES.items()}
     stats["mean"] = per_step.mean(axis=0).tolist()
     return stats

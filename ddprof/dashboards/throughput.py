@@ -30,9 +30,9 @@ def _line_name(run: Run, runs: Sequence[Run]) -> str:
     return " · ".join([run.builder, *(f"{key}={run.setting(key)}" for key in varying)])
 
 
-def partner(run: Run, runs: Sequence[Run], builder: str = GPU) -> Run | None:
-    """The first run of `builder` with exactly the same settings as `run`."""
-    return next((other for other in runs if other.builder == builder and other.settings == run.settings), None)
+def partner(run: Run, runs: Sequence[Run]) -> Run | None:
+    """The first GPU-builder run with exactly the same settings as `run`."""
+    return next((other for other in runs if other.builder == GPU and other.settings == run.settings), None)
 
 
 def projection(run: Run, donor: Run) -> float | None:

@@ -68,7 +68,7 @@ def _bars(lane: list[str], start: np.ndarray, end: np.ndarray, origin: int, name
                   showlegend=show_legend)
 
 
-def _run_traces(run: Run, shown: Window, visible: bool) -> list[go.Bar | go.Scatter]:
+def _run_traces(shown: Window, visible: bool) -> list[go.Bar | go.Scatter]:
     origin = shown.start
     steps = shown.steps
     traces = [_bars([STEP] * steps.height, steps["start"].to_numpy(), steps["end"].to_numpy(), origin, STEP,
@@ -115,7 +115,7 @@ def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> g
     per_run, captions = [], []
     for index, run in enumerate(runs):
         shown = window(run, steps)
-        traces = _run_traces(run, shown, visible=index == 0)
+        traces = _run_traces(shown, visible=index == 0)
         figure.add_traces(traces)
         per_run.append(len(traces))
         captions.append(_caption(run, shown))

@@ -10,9 +10,10 @@ import uuid
 
 import pytest
 
-from ddprof.capture import CaptureRequest, capture
+from ddprof.capture import CaptureRequest, _count_steps, capture
 from ddprof.errors import DdprofError
 from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
+from tests.ddprof.exports import Export
 
 PUSH_POP_RANGE, MARK, DOMAIN_CREATE = 59, 34, 75
 REQUESTS = 5
@@ -116,3 +117,14 @@ def test_a_run_too_short_to_decode_says_so_and_leaves_no_files(tmp_path):
         capture(CaptureRequest(workload="chat", concurrency=1, out=tmp_path / "run", model="tiny", requests=1,
                                max_new_tokens=4))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_engines_step_ranges_are_counted(tmp_path):
+    """A profiled program may use `step` in its own NVTX domain (or none): the capture's count is the
+    one every analysis makes, the engine's domain only."""
+    export = Export()
+    for n in range(3):
+        export.range(STEP, 100 * n, 100 * n + 50)
+    export.range(STEP, 0, 10, domain="someone-else")
+    export.range(STEP, 0, 10, domain=None)
+    assert _count_steps(export.write(tmp_path / "run.sqlite"), engine_steps=3) == 3

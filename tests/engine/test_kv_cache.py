@@ -44,14 +44,6 @@ def test_slot_allocation_and_capacity():
     assert cache.allocate() == 1
 
 
-def test_write_places_rows():
-    cache = LatentKVCache(2, 2, 8, 3)
-    rows = torch.arange(12.0).reshape(2, 2, 3)
-    cache.write(1, torch.tensor([1, 0]), torch.tensor([[4, 5], [0, 1]]), rows)
-    assert torch.equal(cache.kv[1, 1, 4:6], rows[0]) and torch.equal(cache.kv[1, 0, 0:2], rows[1])
-    assert cache.kv[0].abs().sum() == 0
-
-
 def test_compaction_with_nothing_accepted_changes_nothing():
     kv = torch.randn(2, 3, 8, 4)
     before = kv.clone()
