@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--ranges", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path, default=RESULTS / "breakdown_scale.json")
     parser.add_argument("--keep-export", type=Path, help="write the export here and keep it")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each tool (the median run is reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each tool (the median run is reported)")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="ddprof-scale-"))

@@ -1,5 +1,6 @@
 """Summarise a folder of captures (CPU-heapq vs GPU-builder pairs): what bounds tok/s, and would
-the faster builder help? Prints a table and writes JSON under benchmarks/results/.
+the faster builder help? Prints a table; with --out, writes the JSON (benchmarks/results/ holds the
+committed H200 one).
 
 For every run: the engine's tok/s, the stage that bounds it, the critical-path share of each stage
 and tree_build's ms per step. For every (model, budget, concurrency) pair of builders: the measured

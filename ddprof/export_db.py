@@ -1,8 +1,9 @@
 """Open an Nsight Systems export for reading: the input checks, and columns read by name.
 
-Users hand ddprof a `.sqlite` export or a `.nsys-rep` report. Every way that input can be wrong
-(missing, a folder, not SQLite, cut short by a failed copy, no NVTX table, a report from a newer
-nsys) becomes one DdprofError naming the file. Queries only ever name columns that exist, because
+Users hand ddprof a `.sqlite` export or a `.nsys-rep` report. Every way the file itself can be
+wrong (missing, a folder, unreadable, not SQLite, cut short by a failed copy, damaged pages)
+becomes one DdprofError naming the file here; ddprof.nsys refuses reports from a newer nsys and
+ddprof.load exports without NVTX. Queries only ever name columns that exist, because
 nsys versions add and drop columns and create tables lazily (absent when empty).
 """
 
@@ -195,7 +196,9 @@ class ExportDb:
                        pl.Series(name, value) if has is None or has.all() else
                        pl.select(pl.when(pl.Series(has)).then(pl.Series(name, value))).to_series())
                 for name, value, has in zip(names, values, found)}
-        return pl.DataFrame([read[name] if name in read else pl.repeat(None, rows, dtype=dtype, eager=True).alias(name)
+        # A column the table lacks holds no value: null, and False where only presence was asked.
+        return pl.DataFrame([read[name] if name in read else
+                             pl.repeat(False if dtype == pl.Boolean else None, rows, dtype=dtype, eager=True).alias(name)
                              for name, dtype in schema.items()])
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:

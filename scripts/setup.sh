@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian bookworm machine (root, Python 3.11): .venv with the project,
-# and Nsight Systems when `nsys` is missing. Fast when everything is already there.
+# and what is missing of a C compiler, Nsight Systems and headless Chromium. Fast when all is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

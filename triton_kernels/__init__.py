@@ -1,1 +1,3 @@
-"""Triton kernels for the DDTree decode step; each file holds a kernel, its launcher and reference."""
+"""Triton kernels for the DDTree decode step: each file holds a kernel and its launcher, and names the
+plain PyTorch reference its tests compare it with (the engine's own code in engine/, or, for
+combine_splits, a function beside the kernel)."""

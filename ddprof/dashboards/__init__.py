@@ -1,5 +1,7 @@
 """`ddprof dashboard`: plotly figures of one or more runs' breakdowns, on one offline HTML page.
 
 runs.py loads traces and their capture metadata; one module per figure (step_share, throughput,
-timeline, distributions); headline.py writes the sentence on top; page.py assembles the file.
+timeline, distributions); headline.py writes the sentence on top; palette.py holds the colours
+every figure shares; page.py assembles the file; terminal.py prints the summary `ddprof dashboard`
+shows in the terminal.
 """
