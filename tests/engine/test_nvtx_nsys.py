@@ -14,7 +14,8 @@ MAX_NEW = 10
 
 def nvtx_events(folder, *flags: str) -> list[dict]:
     """The NVTX ranges and marks of a real nsys capture of two generate requests."""
-    command = [sys.executable, "-m", "engine", "generate", "--model", "tiny", "--budget", "4", "--max-new-tokens",
+    tree = [] if "ar" in flags else ["--budget", "4"]
+    command = [sys.executable, "-m", "engine", "generate", "--model", "tiny", *tree, "--max-new-tokens",
                str(MAX_NEW), "--ignore-eos", "--prompt", "Hi", "--prompt", "A longer prompt", "--json", *flags]
     report = profile(command, folder / "run")
     with sqlite3.connect(export_sqlite(report)) as db:

@@ -132,12 +132,12 @@ def test_bad_temperature_and_seed_are_errors(trained):
 
 
 def test_cli_sampled_ddtree_prints_the_ar_tokens():
-    def run(mode):
-        done = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", "tiny", "--mode", mode,
-                               "--budget", "8", "--temperature", "0.8", "--sample-seed", "5", "--max-new-tokens", "16",
+    def run(mode, *tree):
+        done = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", "tiny", "--mode", mode, *tree,
+                               "--temperature", "0.8", "--sample-seed", "5", "--max-new-tokens", "16",
                                "--prompt", "import os", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    ar, ddtree = run("ar"), run("ddtree")
+    ar, ddtree = run("ar"), run("ddtree", "--budget", "8")
     assert ddtree["tokens"] == ar["tokens"] and ddtree["target_forwards"] < ar["target_forwards"]
