@@ -24,9 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddprof.analysis import breakdown  # noqa: E402
-from ddprof.attribution import attribute  # noqa: E402
-from ddprof.load import load  # noqa: E402
+from ddprof.pipeline import analyse  # noqa: E402
 from ddprof.projection import crit_ms_per_step, tok_per_s_with_stage_cost_of  # noqa: E402
 from engine.stages import STAGES  # noqa: E402
 
@@ -48,7 +46,7 @@ def summarise(folder: Path) -> dict:
             if not exports:
                 continue
             meta = json.loads(meta_path.read_text())
-            summary = breakdown(attribute(load(_export(exports[0], Path(scratch)))))
+            _, _, summary = analyse(_export(exports[0], Path(scratch)))
             runs.append({"name": meta_path.stem, "meta": meta, "breakdown": summary})
     pairs = []
     for cpu in (r for r in runs if r["meta"]["builder"] == "cpu"):

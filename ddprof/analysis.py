@@ -114,6 +114,11 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
     }
 
 
+def stage_row(summary: dict, stage: str) -> dict:
+    """The row of `stage` in a breakdown summary's `stages`."""
+    return next(row for row in summary["stages"] if row["stage"] == stage)
+
+
 def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> dict[str, pl.DataFrame]:
     """The frames behind a breakdown, by file stem, for `--parquet DIR`."""
     stages = pl.DataFrame([{k: v for k, v in row.items() if k not in ("per_step", "what_if")}

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddprof import __version__, process_settings
+from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.errors import DdprofError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -69,19 +70,16 @@ def capture(
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
 ) -> None:
     """Serve a workload under Nsight Systems; write the report, its SQLite export and a JSON summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from ddprof.capture import CaptureRequest
     from ddprof.capture import capture as run_capture
+    from ddprof.report import progress_bar
 
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
                              timeout_s=timeout)
 
-    status = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as progress:
+    with progress_bar(counts=True) as progress:
         task = progress.add_task("capturing under nsys: requests done", total=None)
         result = run_capture(request, on_progress=lambda done, total: progress.update(task, completed=done,
                                                                                      total=total))
@@ -102,21 +100,12 @@ _DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in 
 
 
 def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
-    """Load, attribute and summarise one export: (trace, attribution, breakdown summary)."""
-    from ddprof.analysis import breakdown as summarise
-    from ddprof.analysis import require_stage_ranges
-    from ddprof.attribution import attribute
-    from ddprof.load import load
+    """ddprof.pipeline.analyse with the stage map read from --stage-map (default: the engine's)."""
+    from ddprof.pipeline import analyse
     from ddprof.stage_map import StageMap
 
     stage_map = StageMap.from_file(stage_map_file) if stage_map_file else StageMap.default()
-    advance(f"loading {path.name}")
-    trace = load(path)
-    advance(f"attributing {path.name}")
-    attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
-    require_stage_ranges(attribution, stage_map)
-    advance(f"summarising {path.name}")
-    return trace, attribution, summarise(attribution, stage_map)
+    return analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
 
 
 @app.command()
@@ -129,9 +118,10 @@ def breakdown(
 ) -> None:
     """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time."""
     from ddprof.analysis import breakdown_frames, write_parquet
+    from ddprof.pipeline import PHASES
     from ddprof.report import breakdown_view, phases
 
-    with phases(4 if parquet else 3) as advance:
+    with phases(PHASES + 1 if parquet else PHASES) as advance:
         trace, attribution, summary = _analyse(path, stage_map, drop_incomplete, advance)
         if parquet:
             advance(f"writing {parquet}")
@@ -156,11 +146,12 @@ def compare(
 ) -> None:
     """Per-stage deltas (ms per step, bootstrap CIs over steps) and the tok/s ratio of B over A."""
     from ddprof.compare import compare as compare_runs
+    from ddprof.pipeline import PHASES
     from ddprof.report import compare_view, phases
 
     if resamples < 1:
         raise DdprofError(f"--resamples must be at least 1 (got {resamples})")
-    with phases(7) as advance:
+    with phases(2 * PHASES + 1) as advance:
         _, run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
         _, run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
         advance("bootstrapping")
@@ -177,7 +168,7 @@ def dashboard(
                                         help="Runs: .sqlite exports or .nsys-rep reports (NAME.json beside each, "
                                              "from ddprof capture, says what ran)."),
     out: Path = typer.Option(None, "--out", readable=False, help="HTML file to write (default: dashboards/NAME.html)."),
-    window_steps: int = typer.Option(6, help="Consecutive steps in the step timeline."),
+    window_steps: int = typer.Option(DEFAULT_WINDOW_STEPS, help="Consecutive steps in the step timeline."),
     stage_map: Path = typer.Option(None, "--stage-map", readable=False,
                                    help=_STAGE_MAP_HELP + " Applies to every trace."),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
@@ -187,13 +178,14 @@ def dashboard(
     from ddprof.dashboards.page import default_path, write_dashboard
     from ddprof.dashboards.runs import load_runs
     from ddprof.dashboards.terminal import describe, view
+    from ddprof.pipeline import PHASES
     from ddprof.report import phases
     from ddprof.stage_map import StageMap
 
     if window_steps < 1:
         raise DdprofError(f"--window-steps must be at least 1 (got {window_steps})")
     out = out or default_path(traces)
-    with phases(2 * len(traces) + 1) as advance:
+    with phases(PHASES * len(traces) + 1) as advance:
         runs = load_runs(traces, StageMap.from_file(stage_map) if stage_map else None,
                          drop_incomplete=drop_incomplete, advance=advance)
         advance(f"writing {out}")
@@ -233,9 +225,8 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Capture a concurrency x builder x budget grid, then write one dashboard of all the runs."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from ddprof.dashboards.terminal import describe, view
+    from ddprof.report import progress_bar
     from ddprof.sweep import Grid, defaults, run_sweep
 
     machine = defaults()
@@ -250,9 +241,7 @@ def sweep(
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.name}.html"
     points = grid.points()
-    status = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=status, transient=True, disable=not status.is_terminal) as progress:
+    with progress_bar(counts=True) as progress:
         sweep_task = progress.add_task("sweep: captures done", total=len(points) + 1)
         requests_task = progress.add_task("", total=None)
 

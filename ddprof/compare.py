@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddprof.analysis import stage_row
 from ddprof.attribution import OTHER, OWNERS, Attribution
 
 METRICS = ("cpu_ns", "gpu_ns", "crit_ns")
@@ -97,4 +98,4 @@ def compare(a: Attribution, b: Attribution, summary_a: dict, summary_b: dict, *,
 def _crit_share(summary: dict, owner: str) -> float:
     if owner == OTHER:
         return summary["other_crit_share"]
-    return next(s["crit_share"] for s in summary["stages"] if s["stage"] == owner)
+    return stage_row(summary, owner)["crit_share"]

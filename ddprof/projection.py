@@ -9,14 +9,12 @@ substitute cost keeps the fraction of it that the other run still pays per step.
 
 from __future__ import annotations
 
-
-def _stage(summary: dict, stage: str) -> dict:
-    return next(row for row in summary["stages"] if row["stage"] == stage)
+from ddprof.analysis import stage_row
 
 
 def crit_ms_per_step(summary: dict, stage: str) -> float:
     """The stage's critical-path ms per step (0 for a run without steps)."""
-    return _stage(summary, stage)["crit_ms"] / summary["steps"] if summary["steps"] else 0.0
+    return stage_row(summary, stage)["crit_ms"] / summary["steps"] if summary["steps"] else 0.0
 
 
 def tok_per_s_with_stage_cost_of(run: dict, donor: dict, stage: str) -> float | None:
@@ -26,7 +24,7 @@ def tok_per_s_with_stage_cost_of(run: dict, donor: dict, stage: str) -> float | 
     "if free" projection; a costlier donor projects a slowdown. None when the run's tok/s is unknown.
     """
     measured = run["tok_per_s"]
-    if_free = _stage(run, stage)["what_if"]["tok_per_s_if_free"]
+    if_free = stage_row(run, stage)["what_if"]["tok_per_s_if_free"]
     if measured is None or if_free is None or not run["tokens"]:
         return measured
     own = crit_ms_per_step(run, stage)

@@ -6,22 +6,30 @@ table and `--json` can never disagree.
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from ddprof.analysis import stage_row
+
+
+def progress_bar(*, counts: bool = False) -> Progress:
+    """The progress bar of every long command: on stderr (stdout stays a table or JSON), gone when
+    done, off when stderr is not a terminal; `counts` shows "done/total" for counted work."""
+    status = Console(stderr=True)
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               *([MofNCompleteColumn()] if counts else []), TimeElapsedColumn()]
+    return Progress(*columns, console=status, transient=True, disable=not status.is_terminal)
 
 
 @contextmanager
 def phases(total: int):
-    """A transient progress bar on stderr over `total` named phases; yields `advance(label)`."""
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty())
-    with progress:
+    """A progress bar over `total` named phases; yields `advance(label)`."""
+    with progress_bar() as progress:
         task = progress.add_task("", total=total)
         done = iter(range(total))
 
@@ -55,7 +63,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
 def breakdown_view(summary: dict) -> Group:
     """The headline, the per-stage tables and any warnings of one breakdown."""
     rate = _num(summary["tok_per_s"], "{:.1f} tok/s")
-    bound = next(s for s in summary["stages"] if s["stage"] == summary["bound_by"])
+    bound = stage_row(summary, summary["bound_by"])
     headline = Text.assemble(
         (f"{summary['source']}\n", "bold"),
         f"{summary['steps']} steps · {_num(summary['tokens'], '{}')} tokens · {summary['wall_s']:.3f} s wall · "

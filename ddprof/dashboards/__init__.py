@@ -5,3 +5,7 @@ timeline, distributions); headline.py writes the sentence on top; palette.py hol
 every figure shares; page.py assembles the file; terminal.py prints the summary `ddprof dashboard`
 shows in the terminal.
 """
+
+# Consecutive steps the step timeline shows (here, not in timeline.py, so the CLI's option can
+# name it without importing plotly).
+DEFAULT_WINDOW_STEPS = 6

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ddprof.analysis import stage_row
 from ddprof.dashboards.runs import Run
+from ddprof.projection import crit_ms_per_step
 
 
 def bound_share(run: Run) -> float:
     """The crit_share of the stage that bounds the run (its `bound_by`)."""
-    return next(s["crit_share"] for s in run.summary["stages"] if s["stage"] == run.summary["bound_by"])
+    return stage_row(run.summary, run.summary["bound_by"])["crit_share"]
 
 
 def _share(value: float) -> str:
@@ -25,7 +27,7 @@ def headline(runs: Sequence[Run]) -> str:
         run = runs[0]
         summary = run.summary
         ms_per_step = summary["step_ms"]["total"] / summary["steps"]
-        crit = next(s["crit_ms"] for s in summary["stages"] if s["stage"] == summary["bound_by"]) / summary["steps"]
+        crit = crit_ms_per_step(summary, summary["bound_by"])
         rate = "unknown tok/s" if summary["tok_per_s"] is None else f"{summary['tok_per_s']:.2f} tok/s"
         return (f"{summary['bound_by']} bounds tok/s in {run.label}: {_share(bound_share(run))} of step time "
                 f"({crit:.3g} of {ms_per_step:.3g} ms per step on the critical path), at {rate}.")

@@ -19,7 +19,8 @@ from ddprof.dashboards.headline import bound_share, headline
 from ddprof.dashboards.runs import UNKNOWN, Run, notes
 from ddprof.dashboards.step_share import step_share_figure
 from ddprof.dashboards.throughput import throughput_figure
-from ddprof.dashboards.timeline import DEFAULT_WINDOW_STEPS, timeline_figure
+from ddprof.dashboards import DEFAULT_WINDOW_STEPS
+from ddprof.dashboards.timeline import timeline_figure
 from ddprof.errors import DdprofError
 
 FIGURES = ("step-share", "tok-per-s", "step-timeline", "per-step-distributions")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import polars as pl
 
-from ddprof.analysis import breakdown, require_stage_ranges
-from ddprof.attribution import Attribution, attribute
+from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.load import Trace, load
+from ddprof.load import Trace
+from ddprof.pipeline import analyse
 from ddprof.stage_map import StageMap
 from engine.stages import DOMAIN, PREFILL
 
@@ -97,7 +97,7 @@ def read_metadata(trace: Path) -> dict | None:
 
 def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
               advance: Callable[[str], None] = lambda label: None) -> list[Run]:
-    """Load, attribute and break down every trace (calls `advance` twice per trace), then label the runs.
+    """Load, attribute and break down every trace (ddprof.pipeline.analyse), then label the runs.
 
     Runs come back ordered by their settings, CPU heapq before GPU builder, so every figure and
     table on the page lists them the same way."""
@@ -105,22 +105,18 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
         raise DdprofError("no traces given: pass one or more .sqlite exports or .nsys-rep reports")
     runs = []
     for path in map(Path, paths):
-        advance(f"loading {path.name}")
         meta = read_metadata(path)
-        trace = load(path)
-        attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
-        require_stage_ranges(attribution, stage_map)
-        advance(f"breaking down {path.name}")
-        runs.append(Run(path, meta, attribution, breakdown(attribution, stage_map), prefills(trace, stage_map)))
+        trace, attribution, summary = analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
+        runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map)))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 
 def prefills(trace: Trace, stage_map: StageMap | None) -> pl.DataFrame:
     """The engine's `prefill` ranges; none for another engine's trace (a --stage-map names no prefill)."""
-    ranges = trace.ranges.select("pid", "tid", "start", "end")
+    ranges = trace.flat_ranges.select("pid", "tid", "start", "end")  # no nesting needed: flat is cheaper
     if stage_map is not None and stage_map.domain != DOMAIN:
         return ranges.clear()
-    return trace.ranges.filter((pl.col("domain") == DOMAIN) & (pl.col("name") == PREFILL)).select(ranges.columns)
+    return trace.flat_ranges.filter((pl.col("domain") == DOMAIN) & (pl.col("name") == PREFILL)).select(ranges.columns)
 
 
 def labelled(runs: Sequence[Run]) -> list[Run]:

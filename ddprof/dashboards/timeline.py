@@ -17,13 +17,13 @@ import polars as pl
 
 from ddprof.dashboards.palette import PREFILL_COLOUR, STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
 from ddprof.dashboards.runs import Run
+from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.intervals import union
 from engine.stages import PREFILL, STAGES, STEP
 
 GPU_LANE = "GPU"
 LANES = (STEP, PREFILL, *STAGES, GPU_LANE)  # top to bottom
 UNATTRIBUTED = "unattributed"
-DEFAULT_WINDOW_STEPS = 6
 
 
 @dataclass(frozen=True)

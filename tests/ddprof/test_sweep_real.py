@@ -17,6 +17,7 @@ from ddprof.attribution import OTHER
 from ddprof.dashboards.headline import headline
 from ddprof.dashboards.page import write_dashboard
 from ddprof.dashboards.runs import load_runs
+from ddprof.pipeline import PHASES
 from ddprof.sweep import Grid, run_sweep
 from tests.ddprof.browser import keep_artifact, open_page
 from tests.ddprof.test_dashboard_browser import check_page
@@ -77,7 +78,7 @@ def test_progress_is_reported_per_capture_per_request_and_per_dashboard_phase(sw
     all_done = ("requests", GRID["requests"], GRID["requests"])
     assert all_done in events[first:second] and all_done in events[second:]
     phases = [e[1] for e in events if e[0] == "dashboard"]
-    assert len(phases) == 2 * 2 + 1 and phases[-1].startswith("writing ")
+    assert len(phases) == 2 * PHASES + 1 and phases[-1].startswith("writing ")
 
 
 def _breakdown_json(path: Path) -> dict:

@@ -1,0 +1,28 @@
+"""One export to its breakdown: load -> attribute -> summarise. Every command that reads traces
+(breakdown, compare, dashboard, sweep) and the capture summaries take this one path, so they all
+refuse the same bad input and agree on every number."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ddprof.analysis import breakdown, require_stage_ranges
+from ddprof.attribution import Attribution, attribute
+from ddprof.load import Trace, load
+from ddprof.stage_map import StageMap
+
+PHASES = 3  # calls of `advance` per export
+
+
+def analyse(path: Path, stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
+            advance: Callable[[str], None] = lambda label: None) -> tuple[Trace, Attribution, dict]:
+    """(trace, attribution, breakdown summary) of one `.sqlite` export or `.nsys-rep` report."""
+    path = Path(path)
+    advance(f"loading {path.name}")
+    trace = load(path)
+    advance(f"attributing {path.name}")
+    attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
+    require_stage_ranges(attribution, stage_map)
+    advance(f"summarising {path.name}")
+    return trace, attribution, breakdown(attribution, stage_map)
