@@ -23,6 +23,7 @@ from ddprof.errors import DdprofError
 from ddprof.load import load
 from ddprof.nsys import export_sqlite, profile
 from engine.stages import STAGES
+from tests.ddprof.stage_emitter import STAGE_US
 
 EMITTER = Path(__file__).with_name("stage_emitter.py")
 
@@ -38,11 +39,13 @@ def capture(tmp_path_factory):
     return _capture(tmp_path_factory.mktemp("capture"))
 
 
-def _within_brackets(nsys_ns: list[int], program_ns: list[int]) -> None:
+def _within_brackets(nsys_ns: list[int], program_ns: list[int], busy_us: int) -> None:
+    """Each range as nsys recorded it lasted at least the program's busy-wait inside it and at most
+    the program's own bracket around it: bounds the program guarantees, whatever the machine's speed."""
+    nsys_ns, program_ns = np.asarray(nsys_ns), np.asarray(program_ns)
     assert len(nsys_ns) == len(program_ns)
-    overhead = np.asarray(program_ns) - np.asarray(nsys_ns)
-    assert overhead.min() >= -1_000  # ns: two monotonic clocks read a few instructions apart
-    assert np.median(overhead) < 50_000  # ~0.4 us when idle
+    assert (nsys_ns >= busy_us * 1000).all()
+    assert (nsys_ns <= program_ns + 1_000).all()  # two monotonic clocks read a few instructions apart
 
 
 def test_breakdown_agrees_with_what_the_program_emitted_and_timed(capture):
@@ -54,11 +57,11 @@ def test_breakdown_agrees_with_what_the_program_emitted_and_timed(capture):
     assert summary["gpu_activity"] is False
     steps = attribution.steps.sort("start")
     assert steps["tid"].unique().to_list() == [record["thread"]]
-    _within_brackets((steps["end"] - steps["start"]).to_list(), record["step_ns"])
+    _within_brackets((steps["end"] - steps["start"]).to_list(), record["step_ns"], sum(STAGE_US.values()))
     for stage in summary["stages"]:
         ranges = attribution.stage_ranges.filter(pl.col("stage") == stage["stage"]).sort("start")
         durations = (ranges["end"] - ranges["start"]).to_list()
-        _within_brackets(durations, record["stage_ns"][stage["stage"]])
+        _within_brackets(durations, record["stage_ns"][stage["stage"]], STAGE_US[stage["stage"]])
         assert stage["count"] == record["steps"]
         assert stage["cpu_ms"] == pytest.approx(sum(durations) / 1e6)
         assert stage["crit_ms"] == pytest.approx(stage["cpu_ms"], abs=1e-9)  # no GPU, no nesting

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from plotly.utils import PlotlyJSONEncoder
 
 from ddprof.attribution import OWNERS
 from ddprof.dashboards.distributions import box_statistics, distributions_figure
@@ -146,8 +147,17 @@ def test_timeline_menu_switches_runs(pair):
     assert [button.label for button in figure.layout.updatemenus[0].buttons] == [run.label for run in pair]
     first_run = [trace.visible for trace in figure.data]
     assert first_run.count(True) and first_run.count(False)
-    for button in figure.layout.updatemenus[0].buttons:
-        assert len(button.args[0]["visible"]) == len(figure.data)
+
+    def content(traces):
+        return [json.dumps({key: value for key, value in trace.to_plotly_json().items() if key != "visible"},
+                           cls=PlotlyJSONEncoder, sort_keys=True) for trace in traces]
+
+    for run, button in zip(pair, figure.layout.updatemenus[0].buttons):
+        mask = button.args[0]["visible"]
+        assert len(mask) == len(figure.data)
+        # the button shows exactly the traces of this run's own timeline, and its caption
+        assert content(t for t, shown in zip(figure.data, mask) if shown) == content(timeline_figure([run]).data)
+        assert button.args[1]["title.text"].endswith(f"<sub>{timeline_figure([run]).layout.title.text.split('<sub>')[1]}")
 
 
 def test_a_cpu_trace_keeps_an_empty_gpu_lane(pair):
