@@ -29,41 +29,34 @@ def decode_all(models, mode, prompts, *, budget=4, max_new=24, max_len=160):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny):
-    return decode_all(tiny, "ar", [encode(p) for p in PROMPTS])
+def reference(trained):
+    return decode_all(trained, "ar", [encode(p) for p in PROMPTS])
 
 
+# The trained pair's drafts are often right (the random pair's almost never are), so accepted
+# paths of several tokens make the accept walk and the cache compaction move real rows.
 @pytest.mark.parametrize("budget", [1, 3, 8, 24])
-def test_ddtree_batch_equals_ar(tiny, reference, budget):
-    results = decode_all(tiny, "ddtree", [encode(p) for p in PROMPTS], budget=budget)
+def test_ddtree_batch_equals_ar(trained, reference, budget):
+    results = decode_all(trained, "ddtree", [encode(p) for p in PROMPTS], budget=budget)
     for got, want in zip(results, reference):
         assert got.tokens == want.tokens and len(got.tokens) == 24
         assert got.target_forwards == 1 + len(got.accept_lengths)
-
-
-@pytest.mark.parametrize("budget", [3, 16])
-def test_trained_pair_accepts_drafts_and_still_equals_ar(trained, budget):
-    """The random drafter is almost never right; the trained one often is, so here the accept walk
-    and the cache compaction run on real multi-token paths."""
-    prompts = [encode(p) for p in PROMPTS]
-    want = decode_all(trained, "ar", prompts)
-    got = decode_all(trained, "ddtree", prompts, budget=budget)
-    assert [r.tokens for r in got] == [r.tokens for r in want]
-    accepted = [n for r in got for n in r.accept_lengths]
-    assert max(accepted) >= 2 and sum(accepted) >= len(PROMPTS) * 4
+    accepted = [n for r in results for n in r.accept_lengths]
+    assert max(accepted) >= min(budget, 2) and sum(accepted) >= len(PROMPTS) * 4
 
 
 @pytest.mark.parametrize("prompt,budget", [(PROMPTS[0], 2), (PROMPTS[1], 16), (PROMPTS[3], 5)])
-def test_ddtree_single_request_equals_ar(tiny, reference, prompt, budget):
-    got = decode_all(tiny, "ddtree", [encode(prompt)], budget=budget)[0]
-    assert got.tokens == reference[PROMPTS.index(prompt)].tokens
+def test_ddtree_single_request_equals_ar(trained, reference, prompt, budget):
+    got = decode_all(trained, "ddtree", [encode(prompt)], budget=budget)[0]
+    assert got.tokens == reference[PROMPTS.index(prompt)].tokens and max(got.accept_lengths) >= 1
 
 
-def test_request_alone_equals_request_in_a_batch(tiny):
+def test_request_alone_equals_request_in_a_batch(trained):
     prompts = [encode(p) for p in PROMPTS] + [encode("x" * n) for n in (3, 40, 90)]
-    batch = decode_all(tiny, "ddtree", prompts, budget=6)
+    batch = decode_all(trained, "ddtree", prompts, budget=6)
+    assert max(n for r in batch for n in r.accept_lengths) >= 2
     for i, prompt in enumerate(prompts):
-        assert decode_all(tiny, "ddtree", [prompt], budget=6)[0].tokens == batch[i].tokens
+        assert decode_all(trained, "ddtree", [prompt], budget=6)[0].tokens == batch[i].tokens
 
 
 def oracle_propose(sequences, generator):
@@ -95,9 +88,10 @@ def oracle_propose(sequences, generator):
     return propose
 
 
-@pytest.mark.parametrize("budget", [4, 12])
-def test_lossless_with_long_accepted_paths(tiny, reference, monkeypatch, budget):
+@pytest.mark.parametrize("budget", [6, 12])  # more nodes than the depth: siblings, so accepted rows move
+def test_lossless_with_long_accepted_paths(tiny, monkeypatch, budget):
     prompts = [encode(p) for p in PROMPTS]
+    reference = decode_all(tiny, "ar", prompts)
     sequences = {i: prompts[i] + reference[i].tokens for i in range(len(prompts))}
     monkeypatch.setattr(engine.ddtree, "propose", oracle_propose(sequences, random.Random(budget)))
     results = decode_all(tiny, "ddtree", prompts, budget=budget)
