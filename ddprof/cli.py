@@ -6,6 +6,7 @@ Every user-facing failure is a DdprofError, printed as one line with exit code 2
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from ddprof.errors import DdprofError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Profile DDTree speculative decoding under Nsight Systems.")
-console = Console()
+# Piped or redirected, rich would cut table cells at 80 columns; a file or pipe gets whole lines.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
 
 
 @app.callback()
@@ -145,12 +147,17 @@ def compare(
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
 ) -> None:
     """Per-stage deltas (ms per step, bootstrap CIs over steps) and the tok/s ratio of B over A."""
+    from ddprof.compare import MAX_RESAMPLES
     from ddprof.compare import compare as compare_runs
     from ddprof.pipeline import PHASES
     from ddprof.report import compare_view, phases
 
-    if resamples < 1:
-        raise DdprofError(f"--resamples must be at least 1 (got {resamples})")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        raise DdprofError(f"--resamples must be between 1 and {MAX_RESAMPLES:,} (got {resamples})")
+    if seed < 0:
+        raise DdprofError(f"--seed must be 0 or more (got {seed})")
+    if Path(a).resolve() == Path(b).resolve() and stage_map_b in (None, stage_map):
+        raise DdprofError(f"{a}: A and B are the same trace with the same stage map; there is nothing to compare")
     with phases(2 * PHASES + 1) as advance:
         _, run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
         _, run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
@@ -175,7 +182,7 @@ def dashboard(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """One offline HTML page: step share, tok/s vs concurrency, step timeline, per-step distributions."""
-    from ddprof.dashboards.page import default_path, write_dashboard
+    from ddprof.dashboards.page import default_path, prepare_dashboard_path, write_dashboard
     from ddprof.dashboards.runs import load_runs
     from ddprof.dashboards.terminal import describe, view
     from ddprof.pipeline import PHASES
@@ -185,6 +192,7 @@ def dashboard(
     if window_steps < 1:
         raise DdprofError(f"--window-steps must be at least 1 (got {window_steps})")
     out = out or default_path(traces)
+    prepare_dashboard_path(out)  # before the traces are read
     with phases(PHASES * len(traces) + 1) as advance:
         runs = load_runs(traces, StageMap.from_file(stage_map) if stage_map else None,
                          drop_incomplete=drop_incomplete, advance=advance)
@@ -239,7 +247,7 @@ def sweep(
                 budgets=_grid_values("--budget", budget, machine["budgets"], int),
                 model=given(model, "model"), requests=given(requests, "requests"),
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed, out_dir=out_dir)
-    dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.name}.html"
+    dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
     points = grid.points()
     with progress_bar(counts=True) as progress:
         sweep_task = progress.add_task("sweep: captures done", total=len(points) + 1)

@@ -15,6 +15,7 @@ from ddprof.attribution import OTHER, OWNERS, Attribution
 
 METRICS = ("cpu_ns", "gpu_ns", "crit_ns")
 _BATCH = 64  # resamples drawn at once: bounds memory at _BATCH x steps weights
+MAX_RESAMPLES = 1_000_000  # far past where a 95% interval's ends stop moving; bounds the run time
 
 
 def _step_table(attribution: Attribution) -> np.ndarray:

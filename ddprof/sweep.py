@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddprof.capture import Capture, CaptureRequest, capture, cuda_available
-from ddprof.dashboards.page import make_dashboard_folder, write_dashboard
+from ddprof.dashboards.page import prepare_dashboard_path, write_dashboard
 from ddprof.dashboards.runs import BUILDER_NAMES, Run, load_runs
 from ddprof.errors import DdprofError
 
@@ -104,7 +104,7 @@ def run_sweep(grid: Grid, dashboard: Path, *,
     """Capture every grid point in turn (`on_capture` before each, `on_requests` as requests finish),
     then write one dashboard of all of them (`advance` per dashboard phase)."""
     points = grid.points()
-    make_dashboard_folder(dashboard)  # before the captures: a bad --dashboard must not cost a whole sweep
+    prepare_dashboard_path(dashboard)  # before the captures: a bad --dashboard must not cost a whole sweep
     captures = []
     with _gpu_builder_environment(grid) as interpreted:
         for index, request in enumerate(points):

@@ -92,10 +92,14 @@ def default_path(traces: Sequence[Path]) -> Path:
     return Path("dashboards") / f"{name}.html"
 
 
-def make_dashboard_folder(out: Path) -> None:
-    """Create the folder of the page `out`, or say in one line why it cannot be (a sweep asks before
-    its captures, not after)."""
-    folder = Path(out).parent
+def prepare_dashboard_path(out: Path) -> None:
+    """Check that `out` can be the page's file and create its folder, or say in one line why not (a
+    sweep asks before its captures, not after)."""
+    out = Path(out)
+    if not out.name or out.is_dir():
+        raise DdprofError(f"{str(out) or repr('')}: the dashboard must be a file path (e.g. dashboards/run.html), "
+                          "not a folder")
+    folder = out.parent
     if folder.exists() and not folder.is_dir():
         raise DdprofError(f"{folder}: the dashboard's folder is a file")
     try:
@@ -107,7 +111,7 @@ def make_dashboard_folder(out: Path) -> None:
 def write_dashboard(runs: Sequence[Run], out: Path, **options) -> Path:
     """Write the page to `out` (creating its folder); a reader never sees half a file."""
     out = Path(out)
-    make_dashboard_folder(out)
+    prepare_dashboard_path(out)
     partial = out.with_name(f".{out.name}.partial")
     try:
         partial.write_text(render(runs, **options), encoding="utf-8")

@@ -8,6 +8,7 @@ name, and the page says which settings are unknown.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -90,7 +91,8 @@ def read_metadata(trace: Path) -> dict | None:
     for keys, kinds, what in ((_NUMBER_KEYS, (int, float), "a number"), (_TEXT_KEYS, (str,), "a string")):
         for key in keys:
             value = meta.get(key)
-            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)
+                                      or isinstance(value, float) and not math.isfinite(value)):  # JSON has no NaN
                 raise DdprofError(f"{path}: capture metadata `{key}` must be {what} or null, not {value!r}")
     return meta
 
@@ -103,6 +105,10 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
     table on the page lists them the same way."""
     if not paths:
         raise DdprofError("no traces given: pass one or more .sqlite exports or .nsys-rep reports")
+    given = Counter(Path(path).resolve() for path in paths)
+    twice = next((path for path in paths if given[Path(path).resolve()] > 1), None)
+    if twice is not None:
+        raise DdprofError(f"{twice}: given more than once (each trace is one run on the page)")
     runs = []
     for path in map(Path, paths):
         meta = read_metadata(path)
@@ -129,9 +135,13 @@ def labelled(runs: Sequence[Run]) -> list[Run]:
             continue
         parts = [f"{_SHORT.get(key, key)}={run.setting(key)}" for key in varying]
         labels.append(" · ".join([run.builder, *parts]))
-    repeated = Counter(labels)
-    return [replace(run, label=label if repeated[label] == 1 else f"{label} ({run.source.stem})")
-            for run, label in zip(runs, labels)]
+    # Where labels repeat, the file's name tells the runs apart; where even that repeats (same-named
+    # files in different folders), its folder does.
+    for tell_apart in (lambda run: run.source.stem, lambda run: str(run.source.parent)):
+        repeated = Counter(labels)
+        labels = [f"{label} ({tell_apart(run)})" if repeated[label] > 1 and label != tell_apart(run) else label
+                  for run, label in zip(runs, labels)]
+    return [replace(run, label=label) for run, label in zip(runs, labels)]
 
 
 def varying_settings(runs: Sequence[Run], leave_out: Sequence[str] = ()) -> list[str]:

@@ -64,13 +64,14 @@ def _position(run: Run, runs: Sequence[Run]) -> tuple[str, str]:
 
 
 def _positions(runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
-    """Each run's (group, bar) by id(run), made unique: repeats of the same settings add the file name."""
+    """Each run's (group, bar) by id(run), made unique: repeats of the same settings show the run's
+    label instead (unique, see runs.labelled)."""
     placed = {id(run): _position(run, runs) for run in runs}
     seen = Counter((run.setting("budget"), run.setting("concurrency"), *placed[id(run)]) for run in runs)
     for run in runs:
         group, bar = placed[id(run)]
         if seen[run.setting("budget"), run.setting("concurrency"), group, bar] > 1:
-            placed[id(run)] = group, f"{bar} ({run.source.stem})"
+            placed[id(run)] = group, run.label
     return placed
 
 

@@ -51,7 +51,8 @@ def window(run: Run, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
     counts = attribution.steps.group_by("pid", "tid").len().sort("len", "pid", "tid", descending=[True, False, False])
     pid, tid = counts.row(0)[:2]
     mine = attribution.steps.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("start")
-    first = max(0, (mine.height - steps) // 2)
+    steps = min(steps, mine.height)
+    first = (mine.height - steps) // 2
     chosen = mine.slice(first, steps)
     start, end = int(chosen["start"].min()), int(chosen["end"].max())
     ranges = attribution.stage_ranges.filter(pl.col("step_id").is_in(chosen["step_id"].to_list())).sort("start")
@@ -68,7 +69,9 @@ def _bars(lane: list[str], start: np.ndarray, end: np.ndarray, origin: int, name
                   showlegend=show_legend)
 
 
-def _run_traces(shown: Window, visible: bool) -> list[go.Bar | go.Scatter]:
+def _run_traces(shown: Window, visible: bool, gpu_traced: bool) -> list[go.Bar | go.Scatter]:
+    """The window's bars; `gpu_traced`: whether the trace recorded GPU work at all (else a host
+    range's wait on the GPU is unknown, not zero)."""
     origin = shown.start
     steps = shown.steps
     traces = [_bars([STEP] * steps.height, steps["start"].to_numpy(), steps["end"].to_numpy(), origin, STEP,
@@ -89,7 +92,8 @@ def _run_traces(shown: Window, visible: bool) -> list[go.Bar | go.Scatter]:
         if host.height + gpu.height == 0:
             continue
         hover = [f"{stage} ({row['name']}) in step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
-                 f"{row['wait_ns'] / 1e6:.3f} ms waiting on the GPU" for row in host.iter_rows(named=True)]
+                 + (f"{row['wait_ns'] / 1e6:.3f} ms waiting on the GPU" if gpu_traced else "no GPU traced")
+                 for row in host.iter_rows(named=True)]
         hover += [f"{row['kind']} {row['name']}: {(row['end'] - row['start']) / 1e6:.3f} ms, launched by {stage}"
                   for row in gpu.iter_rows(named=True)]
         traces.append(_bars([stage] * host.height + [GPU_LANE] * gpu.height,
@@ -115,7 +119,7 @@ def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> g
     per_run, captions = [], []
     for index, run in enumerate(runs):
         shown = window(run, steps)
-        traces = _run_traces(shown, visible=index == 0)
+        traces = _run_traces(shown, visible=index == 0, gpu_traced=run.attribution.has_gpu_activity)
         figure.add_traces(traces)
         per_run.append(len(traces))
         captions.append(_caption(run, shown))

@@ -81,5 +81,23 @@ def test_cli_compare_bad_input(tmp_path):
     run([60] * 2, tmp_path, "a")
     done = ddprof("compare", tmp_path / "a.sqlite", tmp_path / "missing.sqlite")
     assert done.returncode == 2 and "missing.sqlite: no such file" in done.stderr
-    done = ddprof("compare", tmp_path / "a.sqlite", tmp_path / "a.sqlite", "--resamples", "0")
-    assert done.returncode == 2 and "--resamples must be at least 1" in done.stderr
+    run([10] * 2, tmp_path, "b")
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    for options, message in ((["--resamples", "0"], "--resamples must be between 1 and 1,000,000 (got 0)"),
+                             (["--resamples", "10000000000"], "--resamples must be between 1 and 1,000,000"),
+                             (["--seed", "-1"], "--seed must be 0 or more (got -1)")):
+        done = ddprof("compare", a, b, *options)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    done = ddprof("compare", a, tmp_path / "." / "a.sqlite")
+    assert done.returncode == 2 and "A and B are the same trace" in done.stderr
+
+
+def test_cli_tables_are_whole_when_piped(tmp_path):
+    """Piped (as here: captured), rich would cut cells at 80 columns with an ellipsis."""
+    run([60] * 4, tmp_path, "a-run-with-a-long-name-" + "x" * 60)
+    run([10] * 4, tmp_path, "b")
+    long_name = tmp_path / ("a-run-with-a-long-name-" + "x" * 60 + ".sqlite")
+    done = ddprof("compare", long_name, tmp_path / "b.sqlite")
+    assert done.returncode == 0 and f"A: {long_name} · 4 steps" in done.stdout
+    shares = [line.split()[-1] for line in done.stdout.splitlines() if line.strip().startswith(("draft", "verify"))]
+    assert len(shares) == 2 and all(share.endswith("%") for share in shares)  # "18.4% → 2.…" before

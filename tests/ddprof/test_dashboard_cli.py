@@ -68,3 +68,25 @@ def test_bad_options_are_one_line_errors(tmp_path):
     done = ddprof("dashboard", trace, "--out", blocker / "page.html")
     assert done.returncode == 2
     assert done.stderr.strip() == f"ddprof: error: {blocker}: the dashboard's folder is a file"
+    for out in (tmp_path, ""):
+        done = ddprof("dashboard", trace, "--out", out)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "the dashboard must be a file path" in done.stderr
+    done = ddprof("dashboard", trace, tmp_path / "." / trace.name, "--out", tmp_path / "x.html")
+    assert done.returncode == 2 and "given more than once" in done.stderr
+
+
+def test_a_window_longer_than_the_run_shows_the_whole_run(tmp_path):
+    trace = known_runs.write(tmp_path, "cpu")
+    done = ddprof("dashboard", trace, "--out", tmp_path / "x.html", "--window-steps", "99999999999999999999")
+    assert done.returncode == 0, done.stderr
+
+
+def test_same_named_traces_in_two_folders_get_distinct_labels(tmp_path):
+    traces = []
+    for folder, kind in (("a", "cpu"), ("b", "gpu")):
+        (tmp_path / folder).mkdir()
+        traces.append(known_runs.write(tmp_path / folder, kind, name="run", with_meta=False))  # labelled by file name
+    done = ddprof("dashboard", *traces, "--out", tmp_path / "x.html", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [r["label"] for r in json.loads(done.stdout)["runs"]] == [f"run ({tmp_path / 'a'})", f"run ({tmp_path / 'b'})"]

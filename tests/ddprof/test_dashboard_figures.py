@@ -165,6 +165,8 @@ def test_a_cpu_trace_keeps_an_empty_gpu_lane(pair):
     figure = timeline_figure([cpu_run])
     assert GPU_LANE in {lane for trace in figure.data for lane in trace.y}
     assert "no GPU activity in this trace" in figure.layout.title.text
+    stage_hovers = [text for trace in figure.data if trace.name in STAGES for text in trace.hovertext]
+    assert stage_hovers and all(text.endswith("no GPU traced") for text in stage_hovers)  # not "0.000 ms waiting"
 
 
 def test_distributions_agree_with_the_breakdowns_percentiles(pair):
@@ -225,7 +227,7 @@ def test_unreadable_metadata_is_a_one_line_error_naming_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, kind", [("tok_per_s", "fast", "a number"), ("concurrency", True, "a number"),
-                                                ("builder", ["cpu"], "a string")])
+                                                ("concurrency", float("nan"), "a number"), ("builder", ["cpu"], "a string")])
 def test_metadata_of_the_wrong_type_is_a_one_line_error(tmp_path, field, value, kind):
     path = known_runs.write(tmp_path, "cpu")
     meta = json.loads(path.with_suffix(".json").read_text())
