@@ -98,6 +98,9 @@ def build_tree_cpu(top_log_probs: torch.Tensor, top_token_ids: torch.Tensor, bud
         top_log_probs, top_token_ids = top_log_probs[None], top_token_ids[None]
     bs, depth_limit, k = top_log_probs.shape
     _check_budget(depth_limit, k, budget)
+    if bs == 0:  # no request: empty trees (as the GPU builder returns them)
+        none = torch.zeros(0, budget, dtype=torch.int64)
+        return TreeBatch(none, none.clone(), none.clone(), torch.zeros(0, budget, budget, dtype=torch.bool))
     # One device-to-host copy for the whole batch, as the engine pays it; then plain Python lists.
     lq_all = top_log_probs.to("cpu", torch.float32).tolist()
     ids_all = top_token_ids.to("cpu").tolist()

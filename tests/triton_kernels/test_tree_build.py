@@ -72,6 +72,12 @@ def test_bfloat16_input_int32_ids_and_single_request():
     assert_same_tree(lq[0], ids[0], 9)  # [L, K] input -> a batch of one
 
 
+def test_an_empty_batch_builds_empty_trees():
+    lq, ids = torch.zeros(0, 4, 3), torch.zeros(0, 4, 3, dtype=torch.int64)
+    assert_same_tree(lq, ids, 5)
+    assert build_tree_cpu(lq, ids, 5).visibility.shape == (0, 5, 5)
+
+
 def test_whole_tree_and_k_larger_than_budget():
     gen = torch.Generator().manual_seed(5)
     lq, ids = tied_topk(2, 3, 2, gen)

@@ -121,6 +121,13 @@ def test_default_split_counts(monkeypatch, bs, T, max_len, want):
     assert default_num_splits(bs, T, max_len, torch.device("cuda", 0)) == want
 
 
+def test_an_empty_batch_gives_an_empty_output():
+    q, kv = torch.randn(0, 3, 4, 48), torch.randn(2, 64, 48)
+    none = torch.zeros(0, dtype=torch.int64)
+    out = tree_verify_attention(q, kv, none, none, torch.zeros(0, 3, 3, dtype=torch.bool), 0.1, 32)
+    assert out.shape == (0, 3, 4, 32) and out.dtype == q.dtype
+
+
 def test_unknown_or_unavailable_kernels_are_refused():
     inputs = make_inputs([3], 2, heads=2, latent=32, rope=16, seed=0)
     with pytest.raises(ValueError, match="kernel 'fast'"):
