@@ -131,6 +131,8 @@ def _capture_into(out: Path, request: CaptureRequest, nsys: Nsys,
         staged_json = staging / f"{out.name}.json"
         staged_json.write_text(json.dumps(meta, indent=2) + "\n")
         return _publish(report, sqlite_path, staged_json, out, meta)
+    except DdprofError as exc:  # name the capture asked for, not the staging folder that is about to go
+        raise DdprofError(str(exc).replace(f"{staging}{os.sep}", f"{out.parent}{os.sep}")) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -113,10 +113,11 @@ def test_a_capture_that_times_out_leaves_no_files(tmp_path):
 
 
 def test_a_run_too_short_to_decode_says_so_and_leaves_no_files(tmp_path):
-    with pytest.raises(DdprofError, match="the engine ran no decode step"):
+    with pytest.raises(DdprofError, match="the engine ran no decode step") as error:
         capture(CaptureRequest(workload="chat", concurrency=1, out=tmp_path / "run", model="tiny", requests=1,
                                max_new_tokens=4))
     assert list(tmp_path.iterdir()) == []
+    assert str(error.value).startswith(f"{tmp_path / 'run.sqlite'}: ")  # the capture asked for, not its staging
 
 
 def test_only_the_engines_step_ranges_are_counted(tmp_path):
