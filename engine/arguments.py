@@ -19,8 +19,10 @@ def at_least_one(args, *names: str) -> None:
 
 
 def temperature(value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise EngineError(f"--temperature must be 0 (greedy) or a finite positive number (got {value})")
+    from engine.sampling import MIN_TEMPERATURE
+
+    if not (value == 0 or MIN_TEMPERATURE <= value < math.inf):
+        raise EngineError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (got {value})")
 
 
 def learning_rate(value: float) -> None:

@@ -18,6 +18,9 @@ import torch
 
 MAX_SEED = 2**32  # seeds are 32-bit: the hash mixes 32-bit words
 _MASK32 = 0xFFFFFFFF
+# The lowest temperature that samples: below it logits / T can overflow float64 to inf, and the
+# argmax of several infs is the first of them, not the likeliest token (0 is greedy).
+MIN_TEMPERATURE = 1e-6
 
 
 def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, temperature: float

@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + args.budget
     limit = config.model.max_position_embeddings - config.drafter.block_size
     if max_len > limit:
-        raise EngineError(f"workload {args.workload} needs {max_len} cache rows per request; model {args.model} "
-                          f"holds {limit} (max_position_embeddings minus the drafter's block)")
+        raise EngineError(f"the longest request of workload {args.workload} needs {max_len} cache rows (prompt + "
+                          f"answer + 1 + budget {args.budget}); model {args.model} holds {limit} "
+                          "(max_position_embeddings minus the drafter's block)")
     if args.check:
         return 0
 
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
                         temperature=args.temperature)
-    warm_up(engine, requests[0].prompt_tokens, min(8, requests[0].max_new_tokens))
+    longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
+    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
     progress = _Progress(args.progress, len(requests))
     start = time.perf_counter()
     result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
@@ -134,6 +136,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
 
     return {
         "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
+        "slots": min(args.concurrency, len(requests)),  # requests in flight at most
         "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
         "temperature": args.temperature,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
@@ -142,7 +145,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
         "generated_tokens": result.generated_tokens, "steps": result.steps,
         "target_forwards": result.target_forwards,
-        "wall_s": round(wall_s, 3), "tok_per_s": round(result.generated_tokens / wall_s, 2),
+        "wall_s": round(wall_s, 6), "tok_per_s": round(result.generated_tokens / wall_s, 2),
         "device": _device_name(device), "cpu_threads": torch.get_num_threads() if device == "cpu" else None,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "triton": _triton_version()},

@@ -48,6 +48,8 @@ def checkpoint(folder: Path, files: dict[str, bytes] | None = None, *, nan: bool
 @pytest.mark.parametrize("args, fragments", [
     (GENERATE + ["--device", "bogus"], ["unknown device 'bogus'"]),
     (GENERATE + ["--temperature", "inf"], ["--temperature", "inf"]),
+    (GENERATE + ["--temperature", "1e-310"], ["--temperature", ">= 1e-06"]),
+    (SERVE + ["--budget", "2000", "--check"], ["longest request of workload chat needs", "budget 2000"]),
     (GENERATE + ["--weights", TINY / "target", "--random-weights"], ["--weights and --random-weights"]),
     (GENERATE + ["--drafter", ROOT / "engine" / "assets" / "small" / "drafter.safetensors"],
      ["small/drafter.safetensors: a drafter for another target"]),

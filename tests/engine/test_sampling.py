@@ -124,8 +124,9 @@ def test_gpu_builder_is_lossless_when_sampling(trained):
 
 def test_bad_temperature_and_seed_are_errors(trained):
     target, drafter = trained
-    with pytest.raises(EngineError, match="temperature"):
-        Engine(target, drafter, budget=2, n_slots=1, max_len=64, temperature=-0.5)
+    for temperature in (-0.5, 1e-310, float("nan"), float("inf")):  # 1e-310: logits / T overflow to inf
+        with pytest.raises(EngineError, match="temperature"):
+            Engine(target, drafter, budget=2, n_slots=1, max_len=64, temperature=temperature)
     engine = Engine(target, drafter, budget=2, n_slots=1, max_len=64, temperature=1.0, nvtx=False)
     with pytest.raises(EngineError, match="seed must be in"):
         engine.admit("r", PROMPTS[2], 4, seed=2**32)
