@@ -19,7 +19,7 @@ def ddprof(*args, env=None):
     (["--workload", "chat", "--model", "huge"], "ddprof: error: unknown model preset 'huge'; choose one of tiny, small"),
     (["--workload", "chat", "--concurrency", "0"], "ddprof: error: --concurrency must be at least 1 (got 0)"),
     (["--workload", "chat", "--builder", "fpga"], "ddprof: error: unknown tree builder 'fpga'; choose cpu or gpu"),
-    (["--workload", "long-context", "--model", "tiny"], "ddprof: error: workload long-context needs"),
+    (["--workload", "long-context", "--model", "tiny"], "ddprof: error: the longest request of workload long-context needs"),
 ])
 def test_bad_arguments_are_one_line_errors_and_leave_no_files(tmp_path, args, message):
     done = ddprof("capture", *args, "--out", str(tmp_path / "new" / "folders" / "run"))
