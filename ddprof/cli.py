@@ -93,9 +93,9 @@ def capture(
     for key in ("model", "weights", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
-    table.caption = ("tok_per_s: every generated token over the whole serving loop, prefills included; "
-                     "`ddprof breakdown` reports decode steps alone")
     console.print(table)
+    console.print("tok_per_s: every generated token over the whole serving loop, prefills included "
+                  "(ddprof breakdown: decode steps alone)", style="dim")
     console.print(f"trace: {result.report}\nsqlite: {result.sqlite}\nsummary: {result.json_path}")
 
 
