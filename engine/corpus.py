@@ -26,10 +26,17 @@ from pathlib import Path
 import torch
 
 from engine.errors import EngineError
-from engine.workloads import stdlib_files
 
 SPLITS = ("train", "held-out")
 HELD_OUT_MODULUS = 10
+
+
+def stdlib_files() -> tuple[Path, ...]:
+    """The top-level modules of the running interpreter's standard library, in a fixed order."""
+    files = tuple(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")))
+    if not files:
+        raise EngineError(f"no standard-library sources under {sysconfig.get_paths()['stdlib']}")
+    return files
 
 
 def split_of(path: Path) -> str:

@@ -25,12 +25,12 @@ import ast
 import functools
 import math
 import random
-import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from engine.corpus import stdlib_files, text_of
 from engine.errors import EngineError
 from engine.scheduler import Request
 
@@ -113,17 +113,9 @@ def _passage(rng: random.Random, files: Sequence[Path], kind: str, n_tokens: int
 
 
 @functools.cache
-def stdlib_files() -> tuple[Path, ...]:
-    """The top-level modules of the running interpreter's standard library, in a fixed order."""
-    files = tuple(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")))
-    if not files:
-        raise EngineError(f"no standard-library sources under {sysconfig.get_paths()['stdlib']}")
-    return files
-
-
 @functools.cache
 def _text_of(path: Path, kind: str) -> str:
-    source = path.read_text(encoding="utf-8", errors="replace")
+    source = text_of(path)
     if kind == "source":
         return source
     try:

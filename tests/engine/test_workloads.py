@@ -6,7 +6,8 @@ import pytest
 
 from engine.errors import EngineError
 from engine.tokenizer import load_tokenizer
-from engine.workloads import WORKLOADS, _text_of, generate, stdlib_files
+from engine.corpus import stdlib_files
+from engine.workloads import WORKLOADS, _text_of, generate
 
 TOKENIZER = load_tokenizer()
 
