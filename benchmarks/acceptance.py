@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from engine import corpus  # noqa: E402
 from engine.config import preset  # noqa: E402
-from engine.engine import Engine  # noqa: E402
+from engine.engine import Engine, rows_per_slot  # noqa: E402
 from engine.scheduler import Request  # noqa: E402
 from engine.tokenizer import load_tokenizer  # noqa: E402
 from engine.trained import has_pair, load_pair  # noqa: E402
@@ -51,7 +51,7 @@ CHECK = {"preset": "tiny", "workload": "code", "requests": 4, "prompt_tokens": 6
 
 def decode(target, drafter, requests, mode: str, budget: int = 8):
     """Every request in one batch (its own cache slot and answer length), to the end."""
-    max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + budget
+    max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in requests), budget)
     engine = Engine(target, drafter, budget=budget, builder="cpu", mode=mode, n_slots=len(requests),
                     max_len=max_len, nvtx=False)
     for r in requests:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe  # noqa: E402
 from engine import corpus  # noqa: E402
-from engine.engine import Engine  # noqa: E402
+from engine.engine import Engine, rows_per_slot  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 from engine.generate import load_models  # noqa: E402
 from engine.scheduler import serve  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
     tokenizer = load_tokenizer()
     requests = generate(args.workload, args.requests, 0, tokenizer, max_new_tokens=args.max_new_tokens,
                         files=corpus.files(PROMPT_SPLIT))
-    max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + args.budget
+    max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in requests), args.budget)
     target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
     engines = {b: Engine(target, drafter, budget=args.budget, builder=b, n_slots=args.concurrency,
                          max_len=max_len, device=device, nvtx=False) for b in ("cpu", "gpu")}

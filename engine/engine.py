@@ -17,7 +17,7 @@ exactly the autoregressive tokens.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 import math
@@ -33,6 +33,12 @@ from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
 from engine.sampling import MAX_SEED, MIN_TEMPERATURE, choose_tokens
 from engine.stages import PREFILL, STEP, TOKENS_MARK
+
+
+def rows_per_slot(lengths: Iterable[tuple[int, int]], budget: int) -> int:
+    """Cache rows a slot needs to hold any of these requests, given as (prompt tokens, answer
+    tokens): the prompt, the answer, and the bonus plus `budget` tree rows one step writes past it."""
+    return max(prompt + answer for prompt, answer in lengths) + 1 + budget
 
 
 @dataclass

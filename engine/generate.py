@@ -20,7 +20,7 @@ import json
 from engine import arguments
 from engine.config import PRESETS, default_drafter, preset
 from engine.drafter import Drafter, build_drafter
-from engine.engine import Engine, RequestResult
+from engine.engine import Engine, RequestResult, rows_per_slot
 from engine.errors import EngineError
 from engine.model import TargetModel, build_target
 from engine.tokenizer import load_tokenizer
@@ -70,7 +70,7 @@ def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *,
              nvtx: bool = True, temperature: float = 0.0, sample_seed: int = 0) -> list[RequestResult]:
     """Decode all prompts together as one batch, each in its own cache slot (prompt i samples
     with seed sample_seed + i)."""
-    max_len = max(len(p) for p in prompts) + max_new_tokens + 1 + budget
+    max_len = rows_per_slot(((len(p), max_new_tokens) for p in prompts), budget)
     engine = Engine(target, drafter, budget=budget, builder=builder, mode=mode, n_slots=len(prompts),
                     max_len=max_len, nvtx=nvtx, temperature=temperature)
     for i, prompt in enumerate(prompts):

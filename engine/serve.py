@@ -71,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
     config = preset(args.model)
     device = arguments.device(args.device)
     from engine.ddtree import checked_tree_builder
+    from engine.engine import rows_per_slot
 
     # An unknown or unavailable builder, or a budget it cannot build, fails here, before any work.
     checked_tree_builder(args.builder, torch.device(device), args.budget, config.drafter.depth)
     tokenizer = load_tokenizer()
     requests = generate(args.workload, args.requests, args.seed, tokenizer, max_new_tokens=args.max_new_tokens,
                         files=corpus.files(PROMPT_SPLIT))
-    max_len = max(len(r.prompt_tokens) + r.max_new_tokens for r in requests) + 1 + args.budget
+    max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in requests), args.budget)
     limit = config.model.max_position_embeddings - config.drafter.block_size
     if max_len > limit:
         raise EngineError(f"the longest request of workload {args.workload} needs {max_len} cache rows (prompt + "
