@@ -38,6 +38,9 @@ _WINDOW_RANGES = 1 << 16  # stage ranges per window of `_walk`
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # Copies that block the host until they finish when they go device -> host.
 BLOCKING_COPY_APIS = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyFromSymbol")
+# Asynchronous copies that block all the same when they go device -> pageable host memory (the
+# driver stages them; on the H200 every such call returned after its copy ended).
+ASYNC_COPY_APIS = ("cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaMemcpy3DAsync", "cudaMemcpyFromSymbolAsync")
 
 
 @dataclass(frozen=True)
@@ -175,8 +178,11 @@ def _in_map_marks(marks: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:
 def _sync_calls(trace: Trace) -> pl.DataFrame:
     """Runtime calls during which the host waits: synchronize calls and blocking D2H copies."""
     dtoh = trace.gpu_ops.filter((pl.col("kind") == "memcpy") & (pl.col("copy_kind") == DTOH))
-    blocking_copy = (trace.runtime.filter(pl.col("api").is_in(BLOCKING_COPY_APIS))
-                     .join(dtoh.select("pid", "correlation_id"), on=["pid", "correlation_id"], how="semi"))
+    blocking = (pl.col("api").is_in(BLOCKING_COPY_APIS)
+                | pl.col("api").is_in(ASYNC_COPY_APIS) & pl.col("to_pageable").fill_null(False))
+    blocking_copy = (trace.runtime.join(dtoh.select("pid", "correlation_id", "to_pageable"),
+                                        on=["pid", "correlation_id"], how="inner")
+                     .filter(blocking).drop("to_pageable"))
     return pl.concat([trace.runtime.filter(pl.col("api").is_in(SYNC_APIS)), blocking_copy])
 
 

@@ -27,6 +27,7 @@ RANGE_TYPES = (PUSH_POP_RANGE, START_END_RANGE)
 # CUPTI memcpy copyKind values (ENUM_CUDA_MEMCPY_OPER) that get a readable name.
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 DTOH = 2
+PAGEABLE = 0  # a memcpy's dstKind / srcKind (ENUM_CUDA_MEM_KIND): pageable host memory
 
 _ID_SPAN = 1 << 24  # globalTid packs pid and tid in 24-bit fields
 _KEY_SPAN = 1 << 32  # correlation ids are 32-bit
@@ -51,7 +52,8 @@ class Trace:
                 pid, tid, problem ('unclosed': never ended before the trace did; 'cross-thread':
                 ended on another thread)
     gpu_ops:    kernels, memcpys and memsets: start, end, kind, name, pid, correlation_id,
-                copy_kind, launch_tid, launch_start, launch_api (launch_* null without a runtime call)
+                copy_kind, to_pageable (a memcpy into pageable host memory; null for other ops),
+                launch_tid, launch_start, launch_api (launch_* null without a runtime call)
     runtime:    CUDA runtime calls: start, end, pid, tid, correlation_id, api (name without the
                 `_v7000`/`_ptsz` suffixes)
     """
@@ -278,7 +280,8 @@ def _read_gpu_ops(db: ExportDb) -> tuple[Future[pl.DataFrame], ...]:
     kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
     return (db.table_frame(kernel, {**common, "short_name": "shortName", "demangled_name": "demangledName"},
                            nullable={"short_name", "demangled_name"}),
-            db.table_frame(memcpy, {**common, "copy_kind": "copyKind"}, nullable={"copy_kind"}),
+            db.table_frame(memcpy, {**common, "copy_kind": "copyKind", "dst_kind": "dstKind"},
+                           nullable={"copy_kind", "dst_kind"}),
             db.table_frame(memset, common))
 
 
@@ -290,7 +293,8 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
         kernels.with_columns(name_id=pl.coalesce("short_name", "demangled_name"))
         .select(pl.exclude("short_name", "demangled_name", "name_id"), name=_text_of("name_id", strings),
                 kind=pl.lit("kernel"), copy_kind=no_copy_kind),
-        copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]"))),
+        copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]")),
+                            to_pageable=pl.col("dst_kind") == PAGEABLE).drop("dst_kind"),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
     ], how="diagonal").with_columns(_thread_of("global_pid")[0])
     # One int64 key (pid, correlationId) joins twice as fast as two columns.
@@ -301,7 +305,7 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
     joined = ops.join(launches, on="key", how="left")
     if joined.height != ops.height:  # a correlationId on two runtime calls: keep the first
         joined = ops.join(launches.unique("key", keep="first", maintain_order=True), on="key", how="left")
-    joined = joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind",
+    joined = joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind", "to_pageable",
                            "launch_tid", "launch_start", "launch_api")
     return joined if joined["start"].is_sorted() else joined.sort("start")
 

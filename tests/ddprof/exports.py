@@ -153,9 +153,10 @@ class Export:
                          blockX=128, blockY=1, blockZ=1)
 
     def memcpy(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
-               copy_kind: int = DTOH, api: str = "cudaMemcpyAsync_v3020") -> int:
+               copy_kind: int = DTOH, api: str = "cudaMemcpyAsync_v3020", dst_kind: int = 0) -> int:
+        """dst_kind: ENUM_CUDA_MEM_KIND (0 pageable, 1 pinned, 2 device)."""
         return self._gpu("CUPTI_ACTIVITY_KIND_MEMCPY", start, end, launch, api, pid, tid, bytes=4096,
-                         copyKind=copy_kind, srcKind=2, dstKind=0)
+                         copyKind=copy_kind, srcKind=2, dstKind=dst_kind)
 
     def memset(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
                api: str = "cudaMemsetAsync_v3020") -> int:

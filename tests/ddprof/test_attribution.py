@@ -154,13 +154,14 @@ def test_host_wait_is_time_inside_synchronising_calls(tmp_path):
     export.runtime_call("cudaStreamSynchronize_v3020", 10, 30)
     export.memcpy(36, 39, launch=(35, 40), api="cudaMemcpy_v3020", copy_kind=DTOH)   # blocking D2H: waits
     export.memcpy(41, 44, launch=(40, 45), api="cudaMemcpy_v3020", copy_kind=HTOD)   # H2D: not a wait
-    export.memcpy(46, 47, launch=(45, 48), copy_kind=DTOH)                           # async: not a wait
+    export.memcpy(46, 47, launch=(45, 48), copy_kind=DTOH, dst_kind=1)               # async into pinned: not a wait
+    export.memcpy(53, 56, launch=(52, 57), copy_kind=DTOH)                           # async into pageable: waits
     export.runtime_call("cudaDeviceSynchronize", 60, 70)
     export.runtime_call("cudaEventSynchronize_v3020", 90, 95, tid=2)                 # another thread
     attribution, summary = analyse(export, tmp_path)
-    assert totals(attribution, "wait_ns") == {**ZERO, "sampling": 20 + 5, "accept": 10}
+    assert totals(attribution, "wait_ns") == {**ZERO, "sampling": 20 + 5, "accept": 5 + 10}
     assert stage(summary, "sampling")["busy_ms"] == pytest.approx(25 / 1e6)
-    assert stage(summary, "accept")["wait_ms"] == pytest.approx(10 / 1e6)
+    assert stage(summary, "accept")["wait_ms"] == pytest.approx(15 / 1e6)
 
 
 def test_definitions_over_several_steps(tmp_path):

@@ -62,12 +62,14 @@ def reference(path) -> dict:
     for table in ("KERNEL", "MEMCPY", "MEMSET"):
         if f"CUPTI_ACTIVITY_KIND_{table}" not in tables:
             continue
-        extra = ", copyKind" if table == "MEMCPY" else ", NULL"
-        for start, end, corr, gp, copy_kind in db.execute(
+        extra = ", copyKind, dstKind" if table == "MEMCPY" else ", NULL, NULL"
+        for start, end, corr, gp, copy_kind, dst_kind in db.execute(
                 f"SELECT start, end, correlationId, globalPid{extra} FROM CUPTI_ACTIVITY_KIND_{table}"):
             pid = (gp >> 24) & 0xFFFFFF
             launch = runtime.get((pid, corr))
-            if launch and launch["api"] == "cudaMemcpy" and copy_kind == DTOH:
+            # device -> host copies block: always with cudaMemcpy, into pageable memory (0) with the async one
+            if launch and copy_kind == DTOH and (launch["api"] == "cudaMemcpy"
+                                                 or launch["api"] == "cudaMemcpyAsync" and dst_kind == 0):
                 launch["blocking"] = True
             ops.append(dict(start=start, end=end, pid=pid, corr=corr, launch=launch))
     for op in ops:
@@ -137,8 +139,9 @@ def random_export(rng: np.random.Generator, schema: str) -> Export:
                     if kind == 0:
                         export.kernel(*span, launch=(launch, launch + 2), pid=pid, tid=tid)
                     elif kind == 1:
-                        export.memcpy(*span, launch=(launch, span[1] + 1), pid=pid, tid=tid, api="cudaMemcpy_v3020",
-                                      copy_kind=int(rng.choice([DTOH, HTOD])))
+                        export.memcpy(*span, launch=(launch, span[1] + 1), pid=pid, tid=tid,
+                                      api=str(rng.choice(["cudaMemcpy_v3020", "cudaMemcpyAsync_v3020"])),
+                                      copy_kind=int(rng.choice([DTOH, HTOD])), dst_kind=int(rng.choice([0, 1])))
                     elif kind == 2:
                         export.memset(*span, launch=(launch, launch + 1), pid=pid, tid=tid)
                     else:
