@@ -50,7 +50,8 @@ class Attribution:
     stage_ranges: stage, name, step_id, pid, tid, start, end, wait_ns (inside sync calls)
     gpu_ops:      the trace's GPU ops plus stage and step_id of the innermost stage range at launch
     per_step:     one row per (step, owner): step_id, owner, count, cpu_ns, wait_ns, gpu_ns,
-                  crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op)
+                  crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op); a
+                  stage's overlapping ranges count their overlap once in cpu_ns, wait_ns, gpu_ns
     tokens:       sum of all token mark payloads (also those outside steps); None without token marks
                   (tok/s is then unknown, not 0, and so is each step's `tokens`)
     dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
@@ -300,31 +301,26 @@ def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tupl
     op_step[w.launched[hit]] = t.r_step[at_launch[hit]]
 
     mine = w.cells()
-    step, stage = t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges]
-    cells["count"][mine] += w.per_cell(step, stage)
-    cells["cpu_ns"][mine] += w.per_cell(step, stage, ends - starts)
-    cells["wait_ns"][mine] += w.per_cell(step, stage, wait[w.ranges])
-    gpu_cells, ns = _gpu_ns_per_stage(t, w.ranges, w.launched)
+    cells["count"][mine] += w.per_cell(t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges])
+    # Time, waits and GPU work are counted over each stage's merged ranges: a stage mapped onto two
+    # nested ranges (another engine's, through a stage map) owns their overlap once, not twice.
+    pieces = _stage_pieces(t, w.ranges)
+    stage, step, piece_start, piece_end = pieces
+    cells["cpu_ns"][mine] += w.per_cell(step - w.steps.start, stage, piece_end - piece_start)
+    cells["wait_ns"][mine] += w.per_cell(step - w.steps.start, stage, covered_length(*w.waits, piece_start, piece_end))
+    gpu_cells, ns = _gpu_ns_per_stage(t, pieces, w.launched)
     np.add.at(cells["gpu_ns"], gpu_cells, ns)
     return bounds, winner
 
 
-def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(cell, ns): the GPU time of the ops launched inside each stage's ranges (`mine`, of one
-    thread) where `launched` are that thread's ops in launch order; an op counts once for every
-    stage with a range around its launch.
-
-    A stage's overlapping ranges are merged first (an op inside two nested ranges of one stage
-    counts once); each merged piece sums the durations of the ops launched in it as a difference
-    of running sums over the ops in launch order. A piece never spans two steps (ranges lie inside
-    their step, and touching ranges are not merged), so it counts for the step of its ranges.
-    """
-    launch = t.o_launch[launched]  # in launch order
-    ns_before = np.concatenate([[0], np.cumsum(t.o_end[launched] - t.o_start[launched])])
+def _stage_pieces(t: _Timeline, mine: slice) -> tuple[np.ndarray, ...]:
+    """Each stage's ranges among `mine` (one thread's, in start order) with overlapping ones merged:
+    (stage, step, start, end) per merged piece. A piece never spans two steps (ranges lie inside
+    their step, and touching ranges are not merged), so it counts for the step of its ranges."""
     stages = t.r_stage[mine]
     by_stage = np.argsort(stages, kind="stable")  # start order kept within a stage
     first_of_stage = np.searchsorted(stages[by_stage], np.arange(len(STAGES) + 1))
-    cells, ns = [], []
+    pieces = []
     for stage in range(len(STAGES)):
         rows = by_stage[first_of_stage[stage]:first_of_stage[stage + 1]]
         if rows.size == 0:
@@ -333,13 +329,22 @@ def _gpu_ns_per_stage(t: _Timeline, mine: slice, launched: np.ndarray) -> tuple[
         reach = np.maximum.accumulate(ends)
         first = np.flatnonzero(np.concatenate([[True], starts[1:] >= reach[:-1]]))
         last = np.append(first[1:], rows.size) - 1
-        lo = np.searchsorted(launch, starts[first])
-        hi = np.searchsorted(launch, reach[last])
-        cells.append(t.r_step[mine][rows[first]] * len(OWNERS) + stage)
-        ns.append(ns_before[hi] - ns_before[lo])
-    if not cells:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    return np.concatenate(cells), np.concatenate(ns)
+        pieces.append((np.full(first.size, stage), t.r_step[mine][rows[first]], starts[first], reach[last]))
+    if not pieces:
+        return tuple(np.empty(0, np.int64) for _ in range(4))
+    return tuple(np.concatenate(column) for column in zip(*pieces))
+
+
+def _gpu_ns_per_stage(t: _Timeline, pieces: tuple[np.ndarray, ...], launched: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(cell, ns): the GPU time of the ops launched inside each merged stage piece (`_stage_pieces`
+    of one thread), where `launched` are that thread's ops in launch order; an op counts once for
+    every stage with a range around its launch. Each piece sums the durations of the ops launched
+    in it as a difference of running sums over the ops in launch order."""
+    stage, step, start, end = pieces
+    launch = t.o_launch[launched]  # in launch order
+    ns_before = np.concatenate([[0], np.cumsum(t.o_end[launched] - t.o_start[launched])])
+    return step * len(OWNERS) + stage, ns_before[np.searchsorted(launch, end)] - ns_before[np.searchsorted(launch, start)]
 
 
 class _DeviceOps:

@@ -82,11 +82,14 @@ def reference(path) -> dict:
     result = {s: defaultdict(int) for s in (*STAGES, "other")}
     for r in stages:
         result[r["name"]]["count"] += 1
-        result[r["name"]]["cpu"] += r["end"] - r["start"]
-        waits = [c for (pid, _), c in runtime.items() if pid == r["pid"] and c["tid"] == r["tid"]
+    # A stage's host time (and its wait) is every ns on a thread inside any of its ranges, once.
+    for name, pid, tid in {(r["name"], r["pid"], r["tid"]) for r in stages}:
+        mine = [r for r in stages if (r["name"], r["pid"], r["tid"]) == (name, pid, tid)]
+        inside = {t for r in mine for t in range(r["start"], r["end"])}
+        waits = [c for (p, _), c in runtime.items() if p == pid and c["tid"] == tid
                  and (c["api"] in SYNC or c.get("blocking"))]
-        result[r["name"]]["wait"] += sum(1 for t in range(r["start"], r["end"])
-                                         if any(c["start"] <= t < c["end"] for c in waits))
+        result[name]["cpu"] += len(inside)
+        result[name]["wait"] += sum(1 for t in inside if any(c["start"] <= t < c["end"] for c in waits))
     for op in ops:
         for name in op["stages"]:
             result[name]["gpu"] += op["end"] - op["start"]
