@@ -38,23 +38,29 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 
     from ddprof.nsys import find_nsys
 
-    nsys = find_nsys()
+    try:  # a doctor lists what is missing and goes on
+        nsys = find_nsys()
+        found_nsys, nsys_version = str(nsys.path), nsys.version
+    except DdprofError as exc:
+        found_nsys, nsys_version = f"missing: {exc}", None
     facts = {
         "ddprof": __version__,
         "python": platform.python_version(),
-        "nsys": str(nsys.path),
-        "nsys_version": nsys.version,
+        "nsys": found_nsys,
+        "nsys_version": nsys_version,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
     if as_json:
         print(json.dumps(facts))
-        return
-    table = Table(show_header=False)
-    for key, value in facts.items():
-        table.add_row(key, str(value))
-    console.print(table)
+    else:
+        table = Table(show_header=False)
+        for key, value in facts.items():
+            table.add_row(key, str(value))
+        console.print(table)
+    if nsys_version is None:
+        raise typer.Exit(1)  # scripts can ask `ddprof doctor` whether captures will work
 
 
 @app.command()

@@ -26,6 +26,21 @@ from engine.stages import DOMAIN, STAGES, STEP, TOKENS_MARK
 TARGETS = (STEP, *STAGES)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads keeps the last of repeated keys; a stage map naming a range twice is a mistake
+    (TOML refuses it too)."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(f"{key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
 @dataclass(frozen=True)
 class StageMap:
     """domain: the NVTX domain read (None: every domain); ranges: range name -> STEP or a stage;
@@ -50,9 +65,9 @@ class StageMap:
         except (OSError, UnicodeDecodeError) as exc:
             raise DdprofError(f"{path}: cannot read stage map ({getattr(exc, 'strerror', None) or exc})") from None
         try:
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            kind = "TOML" if path.suffix == ".toml" else "JSON"
+            data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text, object_pairs_hook=_unique_keys)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, _DuplicateKey) as exc:
+            kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
             raise DdprofError(f"{path}: stage map is not valid {kind} ({exc})") from None
         if not isinstance(data, dict):
             raise DdprofError(f"{path}: stage map must be an object with a `ranges` table")

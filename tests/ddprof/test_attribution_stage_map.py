@@ -96,6 +96,12 @@ def test_missing_stage_map_and_json_that_is_not_an_object(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(DdprofError, match="must be an object"):
         StageMap.from_file(path)
+    path.write_text('{"ranges": {"fwd": "step", "target_verify": "draft", "target_verify": "verify"}}')
+    with pytest.raises(DdprofError, match="'target_verify' appears twice"):  # json.loads kept the last silently
+        StageMap.from_file(path)
+    upper = tmp_path / "MAP.TOML"
+    upper.write_text("[ranges]\nfwd = 'step'\nv = 'verify'")
+    assert StageMap.from_file(upper).ranges == {"fwd": "step", "v": "verify"}
 
 
 def test_no_mapped_step_in_the_trace_names_the_map(tmp_path):

@@ -154,3 +154,13 @@ def test_a_trace_without_token_marks_reports_tok_s_as_unknown_not_zero(tmp_path)
     table = ddprof("breakdown", path)
     assert table.returncode == 0, table.stderr
     assert "n/a tokens" in table.stdout and "no token marks" in table.stdout
+
+
+def test_doctor_reports_a_missing_nsys_and_still_lists_the_rest():
+    done = subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", "doctor", "--json"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "NSYS": "/nonexistent/nsys"})
+    assert done.returncode == 1
+    facts = json.loads(done.stdout)
+    assert facts["nsys"].startswith("missing: NSYS=/nonexistent/nsys") and facts["nsys_version"] is None
+    assert facts["torch"] and facts["triton"]
