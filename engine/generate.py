@@ -85,8 +85,10 @@ def register(subcommands) -> None:
                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="small", choices=list(PRESETS),
                         help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()) + " (default small)")
-    parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset")
-    parser.add_argument("--drafter", help="drafter safetensors file (default: the preset's trained drafter)")
+    parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset; "
+                        "computes in the dtype its config.json names (the presets' trained weights: float32)")
+    parser.add_argument("--drafter", help="drafter safetensors file (default: the preset's trained drafter; with "
+                        "--weights, a seeded random one)")
     parser.add_argument("--random-weights", action="store_true",
                         help="seeded random weights instead of the preset's trained ones (engine/assets/)")
     parser.add_argument("--seed", type=int, default=0,

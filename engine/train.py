@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from engine import arguments
 from engine.config import PRESETS
 from engine.errors import EngineError
+from engine.trained import asset_dir
 
 TRAINABLE = ("tiny", "small")
 
@@ -32,7 +34,8 @@ def add_common_arguments(parser, *, steps: dict[str, int], lr: float) -> None:
     parser.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr})")
     parser.add_argument("--seed", type=int, default=0, help="seeds initialisation and data order (default 0)")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads (default 1; see engine/train.py)")
-    parser.add_argument("--out", type=Path, help="output directory (default: the committed engine/assets/<preset>)")
+    parser.add_argument("--out", type=Path, help="the pair's folder: target/ and drafter.safetensors with their "
+                        "records (default: the committed engine/assets/<preset>); train-drafter reads target/ there")
 
 
 def check_common_arguments(args) -> None:
@@ -40,11 +43,13 @@ def check_common_arguments(args) -> None:
         raise EngineError(f"--model {args.model!r}: only {', '.join(TRAINABLE)} are trained here")
     arguments.at_least_one(args, "steps", "threads")
     arguments.learning_rate(args.lr)
-    if args.out is not None:  # made now: a folder that cannot be made must not cost a training run
-        try:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise EngineError(f"--out {args.out}: cannot create the folder ({error.strerror})") from None
+    # Checked now, by writing a file there: a folder that cannot take the results must not cost a run.
+    out = Path(args.out) if args.out is not None else asset_dir(args.model)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as error:
+        raise EngineError(f"--out {out}: cannot write there ({error.strerror})") from None
     torch.set_num_threads(args.threads)
 
 

@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
         model, losses = train_target(config, tokenizer, recipe, lr=args.lr, seed=args.seed, on_step=on_step)
     save_target(model, out / "target")
+    stale = [path for path in (out / "drafter.safetensors", out / "train-drafter.json") if path.exists()]
+    for path in stale:  # distilled from the target just replaced: no longer its pair
+        path.unlink()
     stored = load_target(args.model, directory=out / "target")
     record = run_record(
         args, started=started, preset=args.model, steps=recipe.steps, batch_size=recipe.batch_size,
@@ -142,4 +145,7 @@ def run(args: argparse.Namespace) -> int:
     write_record(out / "train-target.json", record)
     print(f"train loss {record['final_train_loss']}, held-out loss {record['held_out_loss']} "
           f"({record['wall_s']} s) -> {out}")
+    if stale:
+        print(f"removed {out / 'drafter.safetensors'}: it was distilled from the previous target; "
+              f"run python -m engine train-drafter --model {args.model}" + (f" --out {args.out}" if args.out else ""))
     return 0

@@ -79,6 +79,16 @@ def test_cli_writes_checkpoints_and_the_exact_command(tmp_path):
     assert len(record["held_out"]["per_depth_top1"]) == TINY.drafter.depth
     drafter = Drafter.load(str(tmp_path / "drafter.safetensors"))
     assert drafter.config == TINY.drafter
+    # a new target makes the drafter distilled from the old one stale: it goes, record and all
+    assert main(["train-target", "--model", "tiny", "--steps", "1", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "drafter.safetensors").exists() and not (tmp_path / "train-drafter.json").exists()
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the folder should be")
+    assert main(["train-target", "--model", "tiny", "--steps", "1", "--out", str(blocker / "pair")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {blocker / 'pair'}: cannot write there")
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
