@@ -272,7 +272,8 @@ def run(args: argparse.Namespace) -> int:
         train_anchors=train_data.anchor_count(), teacher_agreement=round(train_data.teacher_agreement, 5),
         first_train_loss=round(losses[0], 4), final_train_loss=round(sum(losses[-20:]) / len(losses[-20:]), 4),
         held_out=agreement(stored, target, held_out), storage_dtype=str(STORAGE_DTYPE).removeprefix("torch."),
-        target=str(out / "target"), corpus=corpus.describe("train"))
+        target=str(Path(args.out) / "target") if args.out else f"engine/assets/{args.model}/target",
+        corpus=corpus.describe("train"))
     write_record(out / "train-drafter.json", record)
     print(f"train loss {record['final_train_loss']}, held-out chain acceptance "
           f"{record['held_out']['chain_accept_mean']} ({record['wall_s']} s) -> {path}")
