@@ -121,8 +121,9 @@ def stage_row(summary: dict, stage: str) -> dict:
 
 def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> dict[str, pl.DataFrame]:
     """The frames behind a breakdown, by file stem, for `--parquet DIR`."""
-    stages = pl.DataFrame([{k: v for k, v in row.items() if k not in ("per_step", "what_if")}
-                           for row in summary["stages"]])
+    rows = [{k: v for k, v in row.items() if k not in ("per_step", "what_if")} for row in summary["stages"]]
+    # Unknown GPU columns (a host-only trace) stay Float64 nulls, so runs' frames concatenate.
+    stages = pl.DataFrame(rows, schema_overrides={key: pl.Float64 for key in rows[0] if key.endswith(("_ms", "_share"))})
     return {
         "ranges": trace.ranges,
         "marks": trace.marks,

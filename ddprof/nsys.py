@@ -47,8 +47,8 @@ class Nsys:
 
 
 def _candidates() -> list[str]:
-    if os.environ.get("NSYS"):
-        return [os.environ["NSYS"]]  # an explicit choice is the only one
+    if os.environ.get("NSYS"):  # an explicit choice is the only one (a bare name is looked up on PATH)
+        return [shutil.which(os.environ["NSYS"]) or os.environ["NSYS"]]
     found = []
     on_path = shutil.which("nsys")
     if on_path:

@@ -82,9 +82,13 @@ class StageMap:
                 raise DdprofError(f"{path}: range {name!r} maps to {target!r}, not one of {', '.join(TARGETS)}")
         if STEP not in ranges.values():
             raise DdprofError(f"{path}: stage map maps no range to {STEP!r}; steps are what the analysis counts")
-        for key in ("domain", "tokens"):
-            if key in data and not isinstance(data[key], str):
-                raise DdprofError(f"{path}: stage map `{key}` must be a string")
+        if not set(ranges.values()) & set(STAGES):
+            raise DdprofError(f"{path}: stage map maps no range to a stage ({', '.join(STAGES)}); "
+                              "there would be nothing to attribute")
+        if data.get("domain") is not None and not isinstance(data["domain"], str):  # null: any domain
+            raise DdprofError(f"{path}: stage map `domain` must be a string (or null: any domain)")
+        if "tokens" in data and not isinstance(data["tokens"], str):
+            raise DdprofError(f"{path}: stage map `tokens` must be a string")
         return cls(data.get("domain"), dict(ranges), data.get("tokens", TOKENS_MARK), path)
 
     def describe(self) -> str:

@@ -78,8 +78,10 @@ def test_a_domain_in_the_map_keeps_other_domains_out(tmp_path):
     ("[ranges]\nfwd = 'forward'", "range 'fwd' maps to 'forward', not one of step, draft"),
     ("[ranges]\nfwd = 'verify'", "maps no range to 'step'"),
     ("domian = 'x'\n[ranges]\nfwd = 'step'", r"unknown stage map keys \['domian'\]"),
-    ("domain = 3\n[ranges]\nfwd = 'step'", "stage map `domain` must be a string"),
+    ("domain = 3\n[ranges]\nfwd = 'step'\nv = 'verify'", "stage map `domain` must be a string"),
     ("tokens = 'n'", "needs a `ranges` table"),
+    ("[ranges]\nfwd = 'step'", "maps no range to a stage"),
+    ("tokens = 3\n[ranges]\nfwd = 'step'\nv = 'verify'", "stage map `tokens` must be a string"),
 ])
 def test_bad_stage_maps_are_one_line_errors_naming_the_file(tmp_path, text, message):
     path = tmp_path / "map.toml"
@@ -99,6 +101,8 @@ def test_missing_stage_map_and_json_that_is_not_an_object(tmp_path):
     path.write_text('{"ranges": {"fwd": "step", "target_verify": "draft", "target_verify": "verify"}}')
     with pytest.raises(DdprofError, match="'target_verify' appears twice"):  # json.loads kept the last silently
         StageMap.from_file(path)
+    path.write_text('{"domain": null, "ranges": {"fwd": "step", "v": "verify"}}')
+    assert StageMap.from_file(path).domain is None  # null, like no domain: any
     upper = tmp_path / "MAP.TOML"
     upper.write_text("[ranges]\nfwd = 'step'\nv = 'verify'")
     assert StageMap.from_file(upper).ranges == {"fwd": "step", "v": "verify"}
@@ -106,7 +110,7 @@ def test_missing_stage_map_and_json_that_is_not_an_object(tmp_path):
 
 def test_no_mapped_step_in_the_trace_names_the_map(tmp_path):
     path = tmp_path / "map.toml"
-    path.write_text('domain = "vllm"\n[ranges]\nexecute_model = "step"')
+    path.write_text('domain = "vllm"\n[ranges]\nexecute_model = "step"\nsample = "sampling"')
     export = Export()
     export.range("execute_model", 0, 10, domain=None)
     with pytest.raises(DdprofError, match=r"no step ranges \('execute_model'\) in NVTX domain 'vllm' "

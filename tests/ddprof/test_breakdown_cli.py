@@ -72,6 +72,18 @@ def test_parquet_writes_the_frames(export, tmp_path):
         assert (tmp_path / "frames" / f"{name}.parquet").is_file()
 
 
+def test_parquet_stages_of_host_only_and_gpu_runs_concatenate(export, tmp_path):
+    host_only = Export()
+    host_only.range(STEP, 0, 100)
+    host_only.range("verify", 10, 60)
+    host_only.mark(TOKENS_MARK, 100, 2)
+    for name, path in (("gpu", export), ("host", host_only.write(tmp_path / "host.sqlite"))):
+        assert ddprof("breakdown", path, "--json", "--parquet", tmp_path / name).returncode == 0
+    frames = [pl.read_parquet(tmp_path / name / "stages.parquet") for name in ("gpu", "host")]
+    assert frames[1]["gpu_ms"].dtype == pl.Float64 and frames[1]["gpu_ms"].null_count() == len(STAGES)
+    assert pl.concat(frames).height == 2 * len(STAGES)  # a Null-typed column refused this before
+
+
 def test_stage_map_option(tmp_path):
     path = sglang_like().write(tmp_path / "sglang.sqlite")
     (tmp_path / "sglang.toml").write_text(SGLANG_TOML)
