@@ -42,10 +42,10 @@ def device(name: str | None) -> str:
     return chosen
 
 
-def cpu_threads(value: int) -> None:
+def cpu_threads(value: int, flag: str = "--cpu-threads") -> None:
     cores = os.cpu_count() or 1
     if not 1 <= value <= cores:
-        raise EngineError(f"--cpu-threads must be between 1 and this machine's {cores} cores (got {value})")
+        raise EngineError(f"{flag} must be between 1 and this machine's {cores} cores (got {value})")
 
 
 def output_file(path: Path | None, flag: str) -> None:

@@ -42,6 +42,7 @@ def check_common_arguments(args) -> None:
     if args.model not in PRESETS or args.model not in TRAINABLE:
         raise EngineError(f"--model {args.model!r}: only {', '.join(TRAINABLE)} are trained here")
     arguments.at_least_one(args, "steps", "threads")
+    arguments.cpu_threads(args.threads, flag="--threads")
     arguments.learning_rate(args.lr)
     # Checked now, by writing a file there: a folder that cannot take the results must not cost a run.
     out = Path(args.out) if args.out is not None else asset_dir(args.model)

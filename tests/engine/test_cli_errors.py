@@ -61,6 +61,7 @@ def checkpoint(folder: Path, files: dict[str, bytes] | None = None, *, nan: bool
     (SERVE + ["--progress", ROOT], ["--progress", "is a folder"]),
     (["train-drafter", "--model", "tiny", "--steps", "1", "--held-out-prompts", "0"], ["--held-out-prompts"]),
     (["train-target", "--model", "tiny", "--steps", "1", "--lr", "nan"], ["--lr"]),
+    (["train-target", "--model", "tiny", "--steps", "1", "--threads", "100000"], ["--threads must be between 1 and"]),
 ])
 def test_bad_values_are_one_line(args, fragments):
     assert_one_line(engine(*args), *fragments)
