@@ -137,11 +137,17 @@ def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> d
     }
 
 
-def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
-    """Write each frame as FOLDER/<name>.parquet (creating FOLDER)."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
+def require_parquet_folder(folder: Path) -> None:
+    """Refuse a --parquet path that cannot be a folder, before any analysis is spent on it."""
+    if Path(folder).exists() and not Path(folder).is_dir():
         raise DdprofError(f"{folder}: --parquet needs a folder, and this is a file")
+
+
+def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
+    """Write each frame as FOLDER/<name>.parquet (creating FOLDER); all of them or, on a failure,
+    none (the ones already written are removed: a partial set would read as a whole one)."""
+    folder = Path(folder)
+    require_parquet_folder(folder)
     written = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -150,5 +156,7 @@ def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
             frame.write_parquet(path)
             written.append(path)
     except OSError as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
         raise DdprofError(f"{folder}: cannot write the parquet files ({exc.strerror or exc})") from None
     return written

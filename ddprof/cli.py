@@ -127,10 +127,12 @@ def breakdown(
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
 ) -> None:
     """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time."""
-    from ddprof.analysis import breakdown_frames, write_parquet
+    from ddprof.analysis import breakdown_frames, require_parquet_folder, write_parquet
     from ddprof.pipeline import PHASES
     from ddprof.report import breakdown_view, phases
 
+    if parquet:
+        require_parquet_folder(parquet)
     with phases(PHASES + 1 if parquet else PHASES) as advance:
         trace, attribution, summary = _analyse(path, stage_map, drop_incomplete, advance)
         if parquet:

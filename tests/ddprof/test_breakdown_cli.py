@@ -72,6 +72,14 @@ def test_parquet_writes_the_frames(export, tmp_path):
         assert (tmp_path / "frames" / f"{name}.parquet").is_file()
 
 
+def test_a_failed_parquet_write_leaves_no_partial_set(export, tmp_path):
+    frames = tmp_path / "frames"
+    (frames / "steps.parquet").mkdir(parents=True)  # one of the files cannot be written
+    done = ddprof("breakdown", export, "--parquet", frames)
+    assert done.returncode == 2 and "cannot write the parquet files" in done.stderr
+    assert [p.name for p in frames.iterdir()] == ["steps.parquet"]  # the others it wrote are gone
+
+
 def test_parquet_stages_of_host_only_and_gpu_runs_concatenate(export, tmp_path):
     host_only = Export()
     host_only.range(STEP, 0, 100)
