@@ -9,7 +9,7 @@ one's wall time and peak memory (max RSS from wait4) and checks the answers: bre
 and tokens against what was written, and nvtxsum's total `step` time against breakdown's.
 Goal (issue 4): under 20 s and 4 GB, and faster than nvtxsum. CPU seconds are recorded too: the
 2 cores are often shared, which stretches wall time but not CPU time. Each tool runs --repeats
-times (3), alternating with the other; the run of median wall time is reported, with every run's
+times (5), alternating with the other; the run of median wall time is reported, with every run's
 wall time (ddprof's first run right after the export is written tends to be its slowest;
 nvtxsum stays steady). Run from the repo root:
 
