@@ -19,9 +19,9 @@ def at_least_one(args, *names: str) -> None:
 
 
 def temperature(value: float) -> None:
-    from engine.sampling import MIN_TEMPERATURE
+    from engine.sampling import MIN_TEMPERATURE, valid_temperature
 
-    if not (value == 0 or MIN_TEMPERATURE <= value < math.inf):
+    if not valid_temperature(value):
         raise EngineError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (got {value})")
 
 

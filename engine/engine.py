@@ -17,11 +17,9 @@ exactly the autoregressive tokens.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-
-import math
-import zlib
 
 import torch
 
@@ -31,7 +29,7 @@ from engine.errors import EngineError
 from engine.kv_cache import LatentKVCache
 from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
-from engine.sampling import MAX_SEED, MIN_TEMPERATURE, choose_tokens
+from engine.sampling import MAX_SEED, MIN_TEMPERATURE, choose_tokens, valid_temperature
 from engine.stages import PREFILL, STEP, TOKENS_MARK
 
 
@@ -72,7 +70,7 @@ class Engine:
             raise EngineError("ddtree decoding needs a drafter")
         if budget < 1:
             raise EngineError(f"budget must be at least 1, got {budget}")
-        if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        if not valid_temperature(temperature):
             raise EngineError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature}")
         lookahead = drafter.config.block_size if drafter is not None else 1
         if max_len + lookahead > model.config.max_position_embeddings:

@@ -14,6 +14,8 @@ every device; only the final float64 log may differ in its last bit between CPU 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MAX_SEED = 2**32  # seeds are 32-bit: the hash mixes 32-bit words
@@ -21,6 +23,11 @@ _MASK32 = 0xFFFFFFFF
 # The lowest temperature that samples: below it logits / T can overflow float64 to inf, and the
 # argmax of several infs is the first of them, not the likeliest token (0 is greedy).
 MIN_TEMPERATURE = 1e-6
+
+
+def valid_temperature(value: float) -> bool:
+    """0 (greedy) or a finite temperature >= MIN_TEMPERATURE."""
+    return value == 0 or MIN_TEMPERATURE <= value < math.inf
 
 
 def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, temperature: float

@@ -14,12 +14,12 @@ from pathlib import Path
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.distributions import distributions_figure
 from ddprof.dashboards.headline import bound_share, headline
 from ddprof.dashboards.runs import UNKNOWN, Run, notes
 from ddprof.dashboards.step_share import step_share_figure
 from ddprof.dashboards.throughput import throughput_figure
-from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.timeline import timeline_figure
 from ddprof.errors import DdprofError
 

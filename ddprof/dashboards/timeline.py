@@ -15,9 +15,9 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
+from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.palette import PREFILL_COLOUR, STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
 from ddprof.dashboards.runs import Run
-from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.intervals import union
 from engine.stages import PREFILL, STAGES, STEP
 
