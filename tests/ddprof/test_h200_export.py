@@ -65,3 +65,18 @@ def test_critical_path_shares_cover_every_step(summary):
     for stage in summary["stages"]:
         assert stage["count"] == summary["steps"]
         assert stage["crit_ms"] > 0 and stage["wait_ms"] <= stage["cpu_ms"]
+
+
+def test_async_copies_into_pageable_memory_block_the_host():
+    """Why ddprof counts them as waiting on the GPU (attribution.ASYNC_COPY_APIS): in this real
+    capture every cudaMemcpyAsync device -> pageable host returns only after its copy has ended,
+    while most into pinned memory return before."""
+    with sqlite3.connect(EXPORT) as db:
+        rows = db.execute(
+            "SELECT m.dstKind, count(*), sum(r.end >= m.end) FROM CUPTI_ACTIVITY_KIND_MEMCPY m "
+            "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r USING (correlationId) JOIN StringIds s ON s.id = r.nameId "
+            "WHERE m.copyKind = 2 AND s.value LIKE 'cudaMemcpyAsync%' GROUP BY m.dstKind").fetchall()
+    by_kind = {kind: (calls, returned_after) for kind, calls, returned_after in rows}
+    pageable, pinned = by_kind[0], by_kind[1]  # ENUM_CUDA_MEM_KIND
+    assert pageable[0] > 0 and pageable[1] == pageable[0]
+    assert pinned[1] < pinned[0] / 2
