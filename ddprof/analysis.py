@@ -21,6 +21,8 @@ from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
 
 PERCENTILES = (50, 90, 99)
+# Columns that only GPU tracing can fill: unknown (null), not 0, in a host-only trace.
+GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns")
 _NS_PER_MS = 1e6
 
 
@@ -132,9 +134,17 @@ def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> d
         "gpu_ops": attribution.gpu_ops,
         "steps": attribution.steps,
         "stage_ranges": attribution.stage_ranges,
-        "step_owners": attribution.per_step,
+        "step_owners": _unknown_gpu_columns_null(attribution),
         "stages": stages,
     }
+
+
+def _unknown_gpu_columns_null(attribution: Attribution) -> pl.DataFrame:
+    """Per-step owners, with the GPU-side columns null (as in the summary) when no GPU work was traced:
+    a 0 there would read as "measured, and none"."""
+    if attribution.has_gpu_activity:
+        return attribution.per_step
+    return attribution.per_step.with_columns(pl.lit(None, pl.Int64).alias(c) for c in GPU_SIDE_COLUMNS)
 
 
 def require_parquet_folder(folder: Path) -> None:

@@ -90,6 +90,10 @@ def test_parquet_stages_of_host_only_and_gpu_runs_concatenate(export, tmp_path):
     frames = [pl.read_parquet(tmp_path / name / "stages.parquet") for name in ("gpu", "host")]
     assert frames[1]["gpu_ms"].dtype == pl.Float64 and frames[1]["gpu_ms"].null_count() == len(STAGES)
     assert pl.concat(frames).height == 2 * len(STAGES)  # a Null-typed column refused this before
+    owners = [pl.read_parquet(tmp_path / name / "step_owners.parquet") for name in ("gpu", "host")]
+    for column in ("wait_ns", "gpu_ns", "crit_gpu_ns"):  # unknown without GPU tracing, as in the JSON
+        assert owners[1][column].null_count() == owners[1].height and owners[0][column].null_count() == 0
+    assert pl.concat(owners).height == owners[0].height + owners[1].height
 
 
 def test_stage_map_option(tmp_path):
