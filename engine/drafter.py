@@ -102,10 +102,11 @@ class Drafter(nn.Module):
         return x
 
     def save(self, path: str) -> None:
-        """Weights as safetensors, with both configs in the metadata so `load` needs nothing else."""
-        meta = {"drafter_config": json.dumps(self.config.to_dict()),
-                "target_config": json.dumps(self.target_config.to_dict())}
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, path, metadata=meta)
+        """Weights as safetensors, with both configs in the metadata so `load` needs nothing else.
+        One metadata entry: safetensors writes several in hash order, so the same drafter saved twice
+        gave different bytes."""
+        configs = json.dumps({"drafter": self.config.to_dict(), "target": self.target_config.to_dict()})
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, path, metadata={"configs": configs})
 
     @classmethod
     def load(cls, path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Drafter:
@@ -114,9 +115,9 @@ class Drafter(nn.Module):
         with open_safetensors(Path(path)) as f:
             meta = f.metadata() or {}
         try:
-            drafter = build_drafter(DrafterConfig.from_dict(json.loads(meta["drafter_config"])),
-                                    ModelConfig.from_dict(json.loads(meta["target_config"])), device=device,
-                                    dtype=dtype)
+            configs = json.loads(meta["configs"])
+            drafter = build_drafter(DrafterConfig.from_dict(configs["drafter"]), ModelConfig.from_dict(configs["target"]),
+                                    device=device, dtype=dtype)
             drafter.load_state_dict(load_file(path, device=str(device)))
         except (EngineError, KeyError, TypeError, ValueError, RuntimeError) as e:  # no or foreign configs, other shapes
             raise EngineError(f"{path}: not a drafter this engine can load ({str(e).splitlines()[0]})") from None
