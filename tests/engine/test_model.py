@@ -155,3 +155,22 @@ def test_k2_layer_fits_one_h200_in_bf16():
     assert set(sizes) == {torch.bfloat16, torch.float32}
     assert sizes[torch.float32] < 2**30  # routers and RoPE tables only
     assert 60e9 < sizes[torch.bfloat16] < 80e9  # about 73 GB of weights, leaving room for the caches
+
+
+def test_moe_of_no_tokens_is_empty(target64):
+    moe = target64.model.layers[1].mlp
+    assert moe(torch.zeros(0, TINY.hidden_size, dtype=torch.float64)).shape == (0, TINY.hidden_size)
+
+
+def test_the_replaced_moe_dispatch_gives_the_same_bits(target64):
+    """benchmarks/moe_dispatch_ab.py times the dispatch the engine replaced: same work, same numbers."""
+    from benchmarks.moe_dispatch_ab import PER_EXPERT, dispatch
+
+    moe = target64.model.layers[1].mlp
+    x = torch.randn(40, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    engine_dispatch = MoE.forward
+    with dispatch(PER_EXPERT):
+        assert MoE.forward is not engine_dispatch
+        replaced = moe(x)
+    assert MoE.forward is engine_dispatch
+    assert torch.equal(replaced, moe(x))

@@ -1,0 +1,109 @@
+"""Two ways of serving the same workload, timed in one process: the harness behind the A/B
+benchmarks (builder_ab.py, moe_dispatch_ab.py). Machine noise on the H200 host moves single runs by
+up to 1.5x, so a verdict needs rounds, not one run of each.
+
+An untimed pass of the workload per variant comes first (the first round paid for compiling every
+batch shape: an outlier in earlier results). Rounds alternate which variant goes first (A-B, B-A, ...),
+so a drift of the machine during a round favours neither; each round's B/A tok/s ratio is paired (same
+minute, same engine state), and the ratios' median and range are the verdict. Both variants must
+decode the same tokens in the same steps: each is a faster way to the same greedy result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from benchmarks.machine import RESULTS, describe
+from engine import corpus
+from engine.engine import Engine, rows_per_slot
+from engine.generate import load_models
+from engine.scheduler import serve
+from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up
+from engine.tokenizer import load_tokenizer
+from engine.workloads import Request, generate
+
+
+def workload_arguments(description: str, out_name: str) -> argparse.ArgumentParser:
+    """The options every serving A/B takes: the workload, the engine's shape, rounds and result file."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--workload", default="chat")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / out_name)
+    return parser
+
+
+class Workload:
+    """The requests of `args`, the trained (or seeded) pair of `args.model`, and the device."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.tokenizer = load_tokenizer()
+        self.requests: list[Request] = generate(args.workload, args.requests, 0, self.tokenizer,
+                                                max_new_tokens=args.max_new_tokens, files=corpus.files(PROMPT_SPLIT))
+        self.target, self.drafter = load_models(args.model, seed=WEIGHT_SEED, device=self.device)
+
+    def engine(self, builder: str) -> Engine:
+        """An engine (NVTX off) sized for the workload, warmed up on its first request."""
+        max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in self.requests), self.args.budget)
+        engine = Engine(self.target, self.drafter, budget=self.args.budget, builder=builder,
+                        n_slots=self.args.concurrency, max_len=max_len, device=self.device, nvtx=False)
+        first = self.requests[0]
+        warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
+        return engine
+
+    def serve(self, engine: Engine) -> dict:
+        """Serve every request once; tokens, steps, wall time and tok/s."""
+        start = time.perf_counter()
+        result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        return {"tokens": result.generated_tokens, "steps": result.steps, "wall_s": wall,
+                "tok_per_s": result.generated_tokens / wall}
+
+
+def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds: int, field: str
+                  ) -> tuple[list[dict], dict]:
+    """Run the A/B (see the module docstring); rows name their variant under `field`. Returns the
+    rows and the verdict: median tok/s per variant, and the paired B/A ratios' median and range."""
+    a, b = variants
+    for variant in variants:
+        run(variant)
+    rows = []
+    print(f"{'round':>5} {field:>12} {'tokens':>7} {'steps':>6} {'wall s':>8} {'tok/s':>8}")
+    for round_ in range(rounds):
+        for variant in variants if round_ % 2 == 0 else variants[::-1]:
+            rows.append(row := {"round": round_, field: variant, **run(variant)})
+            print(f"{round_:5} {variant:>12} {row['tokens']:7} {row['steps']:6} {row['wall_s']:8.3f} "
+                  f"{row['tok_per_s']:8.1f}")
+    if len({(r["tokens"], r["steps"]) for r in rows}) != 1:
+        sys.exit(f"the {field} variants decoded differently (tokens or steps differ); see the rows above")
+    median = {v: statistics.median(r["tok_per_s"] for r in rows if r[field] == v) for v in variants}
+    by_round = {(r["round"], r[field]): r["tok_per_s"] for r in rows}
+    ratios = [by_round[i, b] / by_round[i, a] for i in range(rounds)]
+    paired = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+              f"{b}_faster_rounds": sum(ratio > 1 for ratio in ratios), "rounds": rounds}
+    print(f"median tok/s: {a} {median[a]:.1f}, {b} {median[b]:.1f}; paired {b}/{a} per round: median "
+          f"{paired['median']:.3f} (range {paired['min']:.3f}-{paired['max']:.3f}), {b} faster in "
+          f"{paired[f'{b}_faster_rounds']} of {rounds} rounds")
+    return rows, {"median_tok_per_s": median, f"paired_{b}_over_{a}": paired}
+
+
+def write_result(benchmark: str, workload: Workload, rows: list[dict], verdict: dict) -> None:
+    args = workload.args
+    args.out.write_text(json.dumps({"benchmark": benchmark, "machine": describe(), "settings": vars(args) | {
+        "out": str(args.out), "device": workload.device}, "runs": rows, **verdict}, indent=1) + "\n")
