@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ddprof.attribution import OTHER, OWNERS, Attribution
+from ddprof.attribution import OTHER, OWNERS, PER_STEP_COLUMNS, Attribution
 from ddprof.errors import DdprofError
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
@@ -22,7 +22,7 @@ from engine.stages import STAGES, STEP
 
 PERCENTILES = (50, 90, 99)
 # Columns that only GPU tracing can fill: unknown (null), not 0, in a host-only trace.
-GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns")
+GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns", "gpu_ops", "sync_calls")
 _NS_PER_MS = 1e6
 
 
@@ -63,8 +63,7 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
     # Saving x ns of step time saves x * scale ns of wall time (see module docstring).
     scale = min(1.0, wall_ns / total_step_ns) if total_step_ns else 0.0
 
-    matrices = {c: attribution.matrix(c)
-                for c in ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns")}
+    matrices = {c: attribution.matrix(c) for c in PER_STEP_COLUMNS}
     totals = {c: m.sum(axis=0) for c, m in matrices.items()}
 
     def share(ns) -> float:
@@ -86,6 +85,8 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
             "crit_host_ms": _ms(crit - crit_gpu),
             "wait_ms": _ms(wait) if gpu_known else None,
             "busy_ms": _ms(cpu - wait) if gpu_known else None,
+            "gpu_ops": int(totals["gpu_ops"][code]) if gpu_known else None,
+            "sync_calls": int(totals["sync_calls"][code]) if gpu_known else None,
             "per_step": {
                 "cpu_ms": _distribution(matrices["cpu_ns"][:, code]),
                 "gpu_ms": _distribution(matrices["gpu_ns"][:, code]) if gpu_known else None,
@@ -124,8 +125,10 @@ def stage_row(summary: dict, stage: str) -> dict:
 def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> dict[str, pl.DataFrame]:
     """The frames behind a breakdown, by file stem, for `--parquet DIR`."""
     rows = [{k: v for k, v in row.items() if k not in ("per_step", "what_if")} for row in summary["stages"]]
-    # Unknown GPU columns (a host-only trace) stay Float64 nulls, so runs' frames concatenate.
-    stages = pl.DataFrame(rows, schema_overrides={key: pl.Float64 for key in rows[0] if key.endswith(("_ms", "_share"))})
+    # Unknown GPU columns (a host-only trace) stay typed nulls, so runs' frames concatenate.
+    types = {key: pl.Float64 for key in rows[0] if key.endswith(("_ms", "_share"))} | {
+        "gpu_ops": pl.Int64, "sync_calls": pl.Int64}
+    stages = pl.DataFrame(rows, schema_overrides=types)
     return {
         "ranges": trace.ranges,
         "marks": trace.marks,

@@ -29,6 +29,8 @@ from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
 
 OTHER = "other"
+# What per_step holds for each (step, owner) cell (see Attribution).
+PER_STEP_COLUMNS = ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns", "gpu_ops", "sync_calls")
 OWNERS = (*STAGES, OTHER)  # who can own a nanosecond of a step; index = owner code
 _OTHER = len(STAGES)
 _THREAD_SPAN = 1 << 24  # tids are 24-bit: pid * span + tid orders threads as (pid, tid) does
@@ -50,8 +52,10 @@ class Attribution:
     stage_ranges: stage, name, step_id, pid, tid, start, end, wait_ns (inside sync calls)
     gpu_ops:      the trace's GPU ops plus stage and step_id of the innermost stage range at launch
     per_step:     one row per (step, owner): step_id, owner, count, cpu_ns, wait_ns, gpu_ns,
-                  crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op); a
-                  stage's overlapping ranges count their overlap once in cpu_ns, wait_ns, gpu_ns
+                  crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op),
+                  gpu_ops (ops launched) and sync_calls (calls that wait for the GPU) made inside
+                  the owner's innermost range; a stage's overlapping ranges count their overlap
+                  once in cpu_ns, wait_ns, gpu_ns
     tokens:       sum of all token mark payloads (also those outside steps); None without token marks
                   (tok/s is then unknown, not 0, and so is each step's `tokens`)
     dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
@@ -220,13 +224,15 @@ class _Timeline:
             launched = launched[np.argsort(self.o_launch[launched], kind="stable")]
             sync = self._sync.filter(pl.col("thread") == key)
             waits = union(sync["start"].to_numpy(), sync["end"].to_numpy())
+            sync_starts = np.sort(sync["start"].to_numpy())
             cuts = np.unique(np.concatenate([[first], self.r_step[mine][::_WINDOW_RANGES][1:], [last + 1]]))
             for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
                 start, end = int(self.step_start[a]), int(self.step_end[a:b].max())
                 at = np.searchsorted(self.r_step[mine], [a, b]) + mine.start
                 lo, hi = np.searchsorted(self.o_launch[launched], [start, end])
+                first_sync, after_sync = np.searchsorted(sync_starts, [start, end])
                 windows.append(_Window(pid, slice(a, b), slice(int(at[0]), int(at[1])), launched[lo:hi], start, end,
-                                       waits))
+                                       waits, sync_starts[first_sync:after_sync]))
         return windows
 
 
@@ -247,6 +253,7 @@ class _Window:
     start: int
     end: int
     waits: tuple[np.ndarray, np.ndarray]  # the thread's synchronising calls, as a union of pieces
+    sync_starts: np.ndarray  # when each of the thread's synchronising calls in the window starts, sorted
 
     def cells(self) -> slice:
         """The window's (step, owner) cells in the flattened step-major per-cell arrays."""
@@ -270,8 +277,7 @@ def _walk(trace: Trace, steps: pl.DataFrame, stage_ranges: pl.DataFrame):
     op_stage = np.full(t.o_start.size, -1, np.int64)
     op_step = np.full(t.o_start.size, -1, np.int64)
     wait = np.zeros(t.r_start.size, np.int64)
-    cells = {column: np.zeros(t.n_steps * len(OWNERS), np.int64)
-             for column in ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns")}
+    cells = {column: np.zeros(t.n_steps * len(OWNERS), np.int64) for column in PER_STEP_COLUMNS}
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         host_covers = list(pool.map(lambda w: _host_side(t, w, op_stage, op_step, wait, cells), windows))
         ops_by_pid = {pid: _DeviceOps(t, pid, op_stage) for pid in {w.pid for w in windows}}
@@ -290,7 +296,7 @@ def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tupl
     """The window's host cover (the innermost stage range of each elementary segment, as a row),
     and into the shared arrays (rows and cells of this window only): the stage and step of each
     op launched in a stage range, every range's wait, and per cell the ranges' count, cpu, wait
-    and GPU time."""
+    and GPU time, and the ops launched and synchronising calls made in the cell's innermost ranges."""
     starts, ends = t.r_start[w.ranges], t.r_end[w.ranges]
     bounds, winner = first_cover(starts, ends, np.lexsort((ends, -starts)))
     winner = np.where(winner >= 0, winner + w.ranges.start, -1)  # latest-started covering range, as a row
@@ -299,9 +305,13 @@ def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tupl
     hit = at_launch >= 0
     op_stage[w.launched[hit]] = t.r_stage[at_launch[hit]]
     op_step[w.launched[hit]] = t.r_step[at_launch[hit]]
+    at_sync = segment_of(bounds, winner, w.sync_starts)
+    at_sync = at_sync[at_sync >= 0]
 
     mine = w.cells()
     cells["count"][mine] += w.per_cell(t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges])
+    cells["gpu_ops"][mine] += w.per_cell(t.r_step[at_launch[hit]] - w.steps.start, t.r_stage[at_launch[hit]])
+    cells["sync_calls"][mine] += w.per_cell(t.r_step[at_sync] - w.steps.start, t.r_stage[at_sync])
     # Time, waits and GPU work are counted over each stage's merged ranges: a stage mapped onto two
     # nested ranges (another engine's, through a stage map) owns their overlap once, not twice.
     pieces = _stage_pieces(t, w.ranges)

@@ -53,6 +53,10 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
+def _per_step(count: int | None, steps: int) -> str:
+    return _num(None if count is None else count / steps, "{:,.1f}")
+
+
 def _table(title: str, columns: tuple[str, ...]) -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 1))
     for column in columns:
@@ -71,14 +75,16 @@ def breakdown_view(summary: dict) -> Group:
         "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
     totals = _table("ms over all steps; crit = critical-path time the stage owns",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
-    detail = _table("host ms waiting on the GPU; crit ms per step; tok/s if the stage cost 0 or only its GPU time",
-                    ("stage", "wait ms", "p50", "p90", "p99", "tok/s if 0", "if GPU"))
+    detail = _table("host ms waiting on the GPU; GPU ops launched and waiting calls per step; crit ms per step; "
+                    "tok/s if the stage cost 0 or only its GPU time",
+                    ("stage", "wait ms", "ops/step", "waits/step", "p50", "p90", "p99", "tok/s if 0", "if GPU"))
     for s in summary["stages"]:
         style = "bold" if s["stage"] == summary["bound_by"] else None
         totals.add_row(s["stage"], str(s["count"]), _num(s["cpu_ms"]), _pct(s["cpu_share"]), _num(s["gpu_ms"]),
                        _num(s["crit_ms"]), _pct(s["crit_share"]), style=style)
         dist, what_if = s["per_step"]["crit_ms"], s["what_if"]
-        detail.add_row(s["stage"], _num(s["wait_ms"]), _num(dist["p50"]), _num(dist["p90"]),
+        detail.add_row(s["stage"], _num(s["wait_ms"]), _per_step(s["gpu_ops"], summary["steps"]),
+                       _per_step(s["sync_calls"], summary["steps"]), _num(dist["p50"]), _num(dist["p90"]),
                        _num(dist["p99"]), _num(what_if["tok_per_s_if_free"]),
                        _num(what_if["tok_per_s_if_gpu_only"]), style=style)
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),

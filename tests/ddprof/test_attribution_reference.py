@@ -27,7 +27,8 @@ def _api(name: str) -> str:
 
 
 def reference(path) -> dict:
-    """steps, tokens, and per stage count/cpu/gpu/crit/wait in ns, by the definitions."""
+    """steps, tokens, and per stage count/cpu/gpu/crit/wait in ns, and the GPU ops launched and the
+    waiting calls made inside each stage's innermost range, by the definitions."""
     db = sqlite3.connect(path)
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
     strings = dict(db.execute("SELECT id, value FROM StringIds"))
@@ -80,6 +81,15 @@ def reference(path) -> dict:
         op["inner"] = max(around, key=lambda r: (r["start"], -r["end"]))["name"] if around else None
 
     result = {s: defaultdict(int) for s in (*STAGES, "other")}
+    for op in ops:
+        if op["inner"]:
+            result[op["inner"]]["ops"] += 1
+    for (pid, _), call in runtime.items():
+        if call["api"] in SYNC or call.get("blocking"):
+            around = [r for r in stages if (r["pid"], r["tid"]) == (pid, call["tid"])
+                      and r["start"] <= call["start"] < r["end"]]
+            if around:
+                result[max(around, key=lambda r: (r["start"], -r["end"]))["name"]]["syncs"] += 1
     for r in stages:
         result[r["name"]]["count"] += 1
     # A stage's host time (and its wait) is every ns on a thread inside any of its ranges, once.
@@ -175,6 +185,8 @@ def _check_against_reference(path) -> None:
         assert got[owner]["count"] == want["count"], owner
         assert got[owner]["gpu_ns"] == want["gpu"], owner
         assert got[owner]["wait_ns"] == want["wait"], owner
+        assert got[owner]["gpu_ops"] == want["ops"], owner
+        assert got[owner]["sync_calls"] == want["syncs"], owner
     shares = [s["crit_share"] for s in summary["stages"]] + [summary["other_crit_share"]]
     assert sum(shares) == pytest.approx(1.0)
     assert sum(w["crit"] for w in expected["stages"].values()) == expected["step_ns"]

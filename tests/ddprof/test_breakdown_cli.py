@@ -37,7 +37,7 @@ def test_json_is_exactly_one_object_of_the_documented_shape(export):
         assert type(summary[key]) is kind, key
     assert [s["stage"] for s in summary["stages"]] == list(STAGES)
     stage = {"stage": str, "count": int, "cpu_ms": float, "cpu_share": float, "gpu_ms": float, "crit_ms": float,
-             "crit_share": float}
+             "crit_share": float, "gpu_ops": int, "sync_calls": int}
     for row in summary["stages"]:
         for key, kind in stage.items():
             assert type(row[key]) is kind, key
@@ -48,6 +48,11 @@ def test_json_is_exactly_one_object_of_the_documented_shape(export):
     assert crit == {"draft": 300, "tree_build": 80, "verify": 180, "accept": 180, "kv_compact": 180,
                     "sampling": 180}
     assert round(summary["other_crit_ms"] * 1e6) == 500
+    # Per step: draft launches a kernel, accept a blocking D2H copy (an op and a wait), kv_compact a
+    # memset; sampling calls cudaStreamSynchronize.
+    calls = {s["stage"]: (s["gpu_ops"], s["sync_calls"]) for s in summary["stages"]}
+    assert calls == {"draft": (2, 0), "tree_build": (0, 0), "verify": (0, 0), "accept": (2, 2), "kv_compact": (2, 0),
+                     "sampling": (0, 2)}
 
 
 def test_table_names_the_bound_stage_and_every_stage(export):
@@ -91,7 +96,7 @@ def test_parquet_stages_of_host_only_and_gpu_runs_concatenate(export, tmp_path):
     assert frames[1]["gpu_ms"].dtype == pl.Float64 and frames[1]["gpu_ms"].null_count() == len(STAGES)
     assert pl.concat(frames).height == 2 * len(STAGES)  # a Null-typed column refused this before
     owners = [pl.read_parquet(tmp_path / name / "step_owners.parquet") for name in ("gpu", "host")]
-    for column in ("wait_ns", "gpu_ns", "crit_gpu_ns"):  # unknown without GPU tracing, as in the JSON
+    for column in ("wait_ns", "gpu_ns", "crit_gpu_ns", "gpu_ops", "sync_calls"):  # unknown without GPU tracing
         assert owners[1][column].null_count() == owners[1].height and owners[0][column].null_count() == 0
     assert pl.concat(owners).height == owners[0].height + owners[1].height
 
