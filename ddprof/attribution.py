@@ -303,14 +303,15 @@ def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tupl
     wait[w.ranges] = covered_length(*w.waits, starts, ends)
     at_launch = segment_of(bounds, winner, t.o_launch[w.launched])
     hit = at_launch >= 0
-    op_stage[w.launched[hit]] = t.r_stage[at_launch[hit]]
-    op_step[w.launched[hit]] = t.r_step[at_launch[hit]]
+    launched, launch_range = w.launched[hit], at_launch[hit]
+    launch_stage, launch_step = t.r_stage[launch_range], t.r_step[launch_range]
+    op_stage[launched], op_step[launched] = launch_stage, launch_step
     at_sync = segment_of(bounds, winner, w.sync_starts)
     at_sync = at_sync[at_sync >= 0]
 
     mine = w.cells()
     cells["count"][mine] += w.per_cell(t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges])
-    cells["gpu_ops"][mine] += w.per_cell(t.r_step[at_launch[hit]] - w.steps.start, t.r_stage[at_launch[hit]])
+    cells["gpu_ops"][mine] += w.per_cell(launch_step - w.steps.start, launch_stage)
     cells["sync_calls"][mine] += w.per_cell(t.r_step[at_sync] - w.steps.start, t.r_stage[at_sync])
     # Time, waits and GPU work are counted over each stage's merged ranges: a stage mapped onto two
     # nested ranges (another engine's, through a stage map) owns their overlap once, not twice.
