@@ -136,6 +136,9 @@ def build_drafter(config: DrafterConfig, target_config: ModelConfig, *, seed: in
     return drafter.eval().requires_grad_(False)
 
 
+CONTEXT_BUCKET = 256  # context rows the drafter attends over come in multiples of this (see DrafterCache.context)
+
+
 class DrafterCache:
     """Context keys/values per slot: kv [num_layers, n_slots, rows, kv_width]; row p holds the
     context of committed position p."""
@@ -149,8 +152,11 @@ class DrafterCache:
         self.kv[:, slots[:, None], positions] = drafter.context_kv(features, positions).to(self.kv.dtype)
 
     def context(self, slots: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [0, max length) of each slot and which of them are valid ([bs, n] bool)."""
-        n = int(lengths.max())
+        """Rows [0, n) of each slot and which of them are valid ([bs, n] bool), n the longest length
+        rounded up to CONTEXT_BUCKET rows: on the H200 the attention runs through cuDNN, which plans
+        each new shape (~38 ms, longer than the rest of a K2-shaped draft) and would meet a new
+        length every step."""
+        n = min(-(-int(lengths.max()) // CONTEXT_BUCKET) * CONTEXT_BUCKET, self.kv.shape[2])
         valid = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
         return self.kv[:, slots, :n], valid
 

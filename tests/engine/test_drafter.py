@@ -3,7 +3,8 @@
 import torch
 
 from engine.config import preset
-from engine.drafter import Drafter, DrafterCache, build_drafter, propose
+from engine import drafter as drafter_module
+from engine.drafter import CONTEXT_BUCKET, Drafter, DrafterCache, build_drafter, propose
 
 P = preset("tiny")
 
@@ -57,3 +58,20 @@ def test_saving_the_same_drafter_gives_the_same_bytes(tmp_path):
     for path in paths:  # each save builds a fresh metadata map (hash order differed between maps)
         drafter.save(str(path))
     assert len({path.read_bytes() for path in paths}) == 1
+
+
+def test_context_comes_in_buckets_and_the_padding_changes_nothing(tiny, monkeypatch):
+    target, drafter = tiny
+    cache = DrafterCache(drafter, n_slots=2, rows=CONTEXT_BUCKET + 40)
+    slots, lengths = torch.tensor([1, 0]), torch.tensor([CONTEXT_BUCKET + 3, 7])
+    n = int(lengths.max())
+    features = torch.randn(2, n, target.config.hidden_size * len(drafter.config.target_layer_ids))
+    cache.append(drafter, slots, features, torch.arange(n).expand(2, n))
+    context, valid = cache.context(slots, lengths)
+    assert context.shape[2] == valid.shape[1] == CONTEXT_BUCKET + 40  # rounded up, capped by the cache
+    assert valid.sum(1).tolist() == lengths.tolist()
+    padded = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=5)
+    monkeypatch.setattr(drafter_module, "CONTEXT_BUCKET", 1)
+    assert cache.context(slots, lengths)[0].shape[2] == n
+    exact = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=5)
+    torch.testing.assert_close(padded, exact)
