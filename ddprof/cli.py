@@ -145,6 +145,34 @@ def breakdown(
 
 
 @app.command()
+def gaps(
+    path: Path = typer.Argument(..., readable=False, help="A .sqlite export or a .nsys-rep report with CUDA traced."),
+    min_ms: float = typer.Option(1.0, "--min-ms", help="Shortest gap that is counted and listed (ms)."),
+    top: int = typer.Option(10, "--top", help="How many of the longest gaps to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    stage_map: Path = typer.Option(None, "--stage-map", readable=False, help=_STAGE_MAP_HELP),
+    drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
+) -> None:
+    """Host time outside CUDA calls per stage, and the longest gaps with the call and kernel after each."""
+    from ddprof.gaps import host_gaps
+    from ddprof.pipeline import PHASES
+    from ddprof.report import gaps_view, phases
+
+    if not min_ms >= 0:
+        raise DdprofError(f"--min-ms must be 0 or more (got {min_ms})")
+    if top < 1:
+        raise DdprofError(f"--top must be 1 or more (got {top})")
+    with phases(PHASES + 1) as advance:
+        trace, attribution, _ = _analyse(path, stage_map, drop_incomplete, advance)
+        advance("finding host gaps")
+        result = host_gaps(trace, attribution, min_ms=min_ms, top=top)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        console.print(gaps_view(result))
+
+
+@app.command()
 def compare(
     a: Path = typer.Argument(..., readable=False, help="Run A (the baseline): .sqlite or .nsys-rep."),
     b: Path = typer.Argument(..., readable=False, help="Run B: .sqlite or .nsys-rep."),

@@ -101,6 +101,24 @@ def breakdown_view(summary: dict) -> Group:
     return Group(headline, totals, detail, *(Text(f"note: {n}", style="yellow") for n in notes))
 
 
+def gaps_view(result: dict) -> Group:
+    """Per stage, host time in and outside CUDA calls; then the longest gaps and what followed them."""
+    at_least = f"gaps >= {result['min_ms']:g} ms"
+    stages = _table("host ms of each stage's innermost ranges, in and outside CUDA runtime calls",
+                    ("stage", "host ms", "in calls", "outside", at_least, "their ms"))
+    for s in result["stages"]:
+        stages.add_row(s["stage"], _num(s["host_ms"]), _num(s["in_calls_ms"]), _num(s["outside_calls_ms"]),
+                       str(s["gaps"]), _num(s["gaps_ms"]))
+    longest = _table("the longest gaps: the thread ran no CUDA call; what it called and launched next",
+                     ("stage", "step", "at ms", "gap ms", "next call", "next kernel"))
+    longest.columns[-1].no_wrap = False
+    for g in result["longest"]:
+        longest.add_row(g["stage"], str(g["step_id"]), _num(g["at_ms"]), _num(g["ms"]), g["next_call"],
+                        g["next_kernel"] or "n/a")
+    notes = [] if result["longest"] else [Text(f"note: no gap of {result['min_ms']:g} ms or more", style="yellow")]
+    return Group(Text(result["source"], style="bold"), stages, longest, *notes)
+
+
 def compare_view(result: dict) -> Group:
     """Both runs' headlines, the tok/s ratio and the per-stage deltas with their intervals."""
     conf = f"{result['confidence'] * 100:.0f}%"

@@ -116,8 +116,8 @@ class Drafter(nn.Module):
             meta = f.metadata() or {}
         try:
             configs = json.loads(meta["configs"])
-            drafter = build_drafter(DrafterConfig.from_dict(configs["drafter"]), ModelConfig.from_dict(configs["target"]),
-                                    device=device, dtype=dtype)
+            drafter = build_drafter(DrafterConfig.from_dict(configs["drafter"]),
+                                    ModelConfig.from_dict(configs["target"]), device=device, dtype=dtype)
             drafter.load_state_dict(load_file(path, device=str(device)))
         except (EngineError, KeyError, TypeError, ValueError, RuntimeError) as e:  # no or foreign configs, other shapes
             raise EngineError(f"{path}: not a drafter this engine can load ({str(e).splitlines()[0]})") from None
