@@ -3,7 +3,8 @@ the faster builder help? Prints a table; with --out, writes the JSON (benchmarks
 committed H200 one).
 
 For every run: the engine's tok/s, the stage that bounds it, the critical-path share of each stage
-and tree_build's ms per step. For every (model, budget, concurrency) pair of builders: the measured
+and tree_build's ms per step (and in the JSON: the breakdown, and `ddprof gaps` with 1 ms gaps and
+the five longest). For every (model, budget, concurrency) pair of builders: the measured
 tok/s ratio GPU/CPU and the CPU run's projection with tree_build at the GPU run's cost.
 
     python benchmarks/summarize_captures.py DIR [--out benchmarks/results/NAME.json]
@@ -24,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddprof.gaps import host_gaps  # noqa: E402
 from ddprof.pipeline import analyse  # noqa: E402
 from ddprof.projection import crit_ms_per_step, tok_per_s_with_stage_cost_of  # noqa: E402
 from engine.stages import STAGES  # noqa: E402
@@ -46,8 +48,9 @@ def summarise(folder: Path) -> dict:
             if not exports:
                 continue
             meta = json.loads(meta_path.read_text())
-            _, _, summary = analyse(_export(exports[0], Path(scratch)))
-            runs.append({"name": meta_path.stem, "meta": meta, "breakdown": summary})
+            trace, attribution, summary = analyse(_export(exports[0], Path(scratch)))
+            runs.append({"name": meta_path.stem, "meta": meta, "breakdown": summary,
+                         "host_gaps": host_gaps(trace, attribution, min_ms=1.0, top=5)})
     pairs = []
     for cpu in (r for r in runs if r["meta"]["builder"] == "cpu"):
         key = tuple(cpu["meta"][k] for k in ("model", "budget", "concurrency"))
