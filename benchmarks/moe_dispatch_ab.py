@@ -3,7 +3,7 @@
 dispatch it replaced (a mask and a `nonzero` per expert, each a wait for the GPU). Same experts, same
 rows in the same order per expert, so both decode the same tokens. The method: benchmarks/serving_ab.py.
 
-    python benchmarks/moe_dispatch_ab.py [--model k2-layer] [--concurrency 32] [--builder gpu] [--rounds 3]
+    python benchmarks/moe_dispatch_ab.py [--model small] [--concurrency 64] [--builder gpu] [--rounds 3]
 
 Prints one row per run and writes JSON (default benchmarks/results/moe_dispatch_ab.json).
 """

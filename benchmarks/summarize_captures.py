@@ -50,7 +50,8 @@ def summarise(folder: Path) -> dict:
             meta = json.loads(meta_path.read_text())
             trace, attribution, summary = analyse(_export(exports[0], Path(scratch)))
             runs.append({"name": meta_path.stem, "meta": meta, "breakdown": summary,
-                         "host_gaps": host_gaps(trace, attribution, min_ms=1.0, top=5)})
+                         "host_gaps": host_gaps(trace, attribution, min_ms=1.0, top=5) if trace.runtime.height
+                         else None})  # a host-only capture has no CUDA calls to find gaps between
     pairs = []
     for cpu in (r for r in runs if r["meta"]["builder"] == "cpu"):
         key = tuple(cpu["meta"][k] for k in ("model", "budget", "concurrency"))

@@ -187,7 +187,8 @@ def _sync_calls(trace: Trace) -> pl.DataFrame:
                 | pl.col("api").is_in(ASYNC_COPY_APIS) & pl.col("to_pageable").fill_null(False))
     blocking_copy = (trace.runtime.join(dtoh.select("pid", "correlation_id", "to_pageable"),
                                         on=["pid", "correlation_id"], how="inner")
-                     .filter(blocking).drop("to_pageable"))
+                     .filter(blocking).drop("to_pageable")
+                     .unique(["pid", "correlation_id"], keep="first", maintain_order=True))  # a call, once
     return pl.concat([trace.runtime.filter(pl.col("api").is_in(SYNC_APIS)), blocking_copy])
 
 

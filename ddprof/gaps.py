@@ -57,6 +57,7 @@ def host_gaps(trace: Trace, attribution: Attribution, *, min_ms: float = 1.0, to
     return {
         "source": str(attribution.source),
         "min_ms": min_ms,
+        "dropped_ranges": attribution.dropped,
         "stages": stages,
         "longest": [_describe(row, step_start)
                     for row in long.sort("ns", "start", descending=[True, False]).head(top).iter_rows(named=True)],
@@ -76,27 +77,34 @@ def _thread_gaps(ranges: pl.DataFrame, calls: pl.DataFrame, launches: pl.DataFra
     start, end = bounds[:-1], bounds[1:]
     range_bounds, winner = first_cover(r_start, r_end, np.lexsort((r_end, -r_start)))  # innermost first
     owner = segment_of(range_bounds, winner, start)
-    piece = np.searchsorted(covered_start, start, side="right") - 1
-    in_call = (piece >= 0) & (start < covered_end[np.maximum(piece, 0)])
+    piece = np.searchsorted(covered_start, start, side="right") - 1  # -1: before every call: the sentinel
+    in_call = start < np.append(covered_end, np.iinfo(np.int64).min)[piece]
     owned = owner >= 0
     in_calls = np.bincount(r_stage[owner[owned & in_call]], weights=(end - start)[owned & in_call],
                            minlength=len(STAGES)).astype(np.int64)
     outside = np.flatnonzero(owned & ~in_call)
-    # Consecutive outside pieces of one owner are one gap.
+    # Consecutive outside pieces of one stage in one step are one gap (nested ranges of a stage, as
+    # a stage map can make, count once, as in the breakdown).
+    stage_of, step_of = r_stage[owner[outside]], r_step[owner[outside]]
     new_gap = np.ones(outside.size, bool)
-    new_gap[1:] = (start[outside[1:]] != end[outside[:-1]]) | (owner[outside[1:]] != owner[outside[:-1]])
+    new_gap[1:] = ((start[outside[1:]] != end[outside[:-1]]) | (stage_of[1:] != stage_of[:-1])
+                   | (step_of[1:] != step_of[:-1]))
     first = outside[new_gap]
     last = outside[np.append(np.flatnonzero(new_gap)[1:] - 1, outside.size - 1)] if outside.size else outside
     gap_start, gap_end = start[first], end[last]
-    # The call that ends a gap starts where it ends; otherwise the gap ends with its range.
+    # A gap ends where a call starts, or where its stage's ranges hand over to another stage or end.
     following = np.searchsorted(c_start, gap_end)
     ends_at_call = following < c_start.size
     ends_at_call[ends_at_call] = c_start[following[ends_at_call]] == gap_end[ends_at_call]
+    after = segment_of(range_bounds, winner, gap_end)
+    handover = np.array([f"(into {STAGES[r_stage[row]]})" if row >= 0 else "(the range ends)" for row in after],
+                        dtype=object)
     next_launch = np.searchsorted(launches["launch_start"].to_numpy(), gap_end)
     gaps = pl.DataFrame({"start": gap_start, "end": gap_end, "ns": gap_end - gap_start,
                          "stage": r_stage[owner[first]], "step_id": r_step[owner[first]],
                          "call": np.where(ends_at_call, following, -1), "launch": next_launch}).cast(pl.Int64)
-    gaps = (gaps.join(calls.select("api").with_row_index("call").cast({"call": pl.Int64}), on="call", how="left")
+    gaps = (gaps.with_columns(handover=pl.Series(handover, dtype=pl.String))
+            .join(calls.select("api").with_row_index("call").cast({"call": pl.Int64}), on="call", how="left")
             .join(launches.select(next_kernel="name").with_row_index("launch").cast({"launch": pl.Int64}), on="launch",
                   how="left")
             .drop("call", "launch"))
@@ -107,4 +115,4 @@ def _describe(gap: dict, step_start: dict[int, int]) -> dict:
     """A gap for people: its stage, step, offset in the step, length, and what came next."""
     return {"stage": STAGES[gap["stage"]], "step_id": gap["step_id"],
             "at_ms": (gap["start"] - step_start[gap["step_id"]]) / _NS_PER_MS, "ms": gap["ns"] / _NS_PER_MS,
-            "next_call": gap["api"] or "(the range ends)", "next_kernel": gap["next_kernel"]}
+            "next_call": gap["api"] or gap["handover"], "next_kernel": gap["next_kernel"]}

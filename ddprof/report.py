@@ -53,6 +53,13 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
+def _dropped_note(dropped: dict[str, int]) -> list[str]:
+    if not (dropped["unclosed"] or dropped["cross_thread"]):
+        return []
+    return [f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread step/stage ranges "
+            "(--drop-incomplete)"]
+
+
 def _per_step(count: int | None, steps: int) -> str:
     return _num(None if count is None else count / steps, "{:,.1f}")
 
@@ -94,10 +101,7 @@ def breakdown_view(summary: dict) -> Group:
         notes.append("no token marks in this trace: tokens and tok/s are n/a (a stage map's `tokens` names the mark)")
     if not summary["gpu_activity"]:
         notes.append("no GPU activity in this trace: gpu and wait are n/a")
-    dropped = summary["dropped_ranges"]
-    if dropped["unclosed"] or dropped["cross_thread"]:
-        notes.append(f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread "
-                     "step/stage ranges (--drop-incomplete)")
+    notes += _dropped_note(summary["dropped_ranges"])
     return Group(headline, totals, detail, *(Text(f"note: {n}", style="yellow") for n in notes))
 
 
@@ -115,8 +119,10 @@ def gaps_view(result: dict) -> Group:
     for g in result["longest"]:
         longest.add_row(g["stage"], str(g["step_id"]), _num(g["at_ms"]), _num(g["ms"]), g["next_call"],
                         g["next_kernel"] or "n/a")
-    notes = [] if result["longest"] else [Text(f"note: no gap of {result['min_ms']:g} ms or more", style="yellow")]
-    return Group(Text(result["source"], style="bold"), stages, longest, *notes)
+    notes = [] if result["longest"] else [f"no gap of {result['min_ms']:g} ms or more"]
+    notes += _dropped_note(result["dropped_ranges"])
+    return Group(Text(result["source"], style="bold"), stages, longest,
+                 *(Text(f"note: {n}", style="yellow") for n in notes))
 
 
 def compare_view(result: dict) -> Group:

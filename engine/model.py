@@ -304,11 +304,12 @@ class MoE(nn.Module):
         weights, experts = self.gate(flat)
         # Each expert runs once on all the (token, choice) pairs routed to it: pairs sorted by expert,
         # so each expert's rows are one slice. Reading the slice sizes is the layer's one wait for the
-        # GPU (a mask and a nonzero per expert waited once per expert in use: 250 waits per verify step
-        # at k2-layer, 10 after; benchmarks/results/gpu_captures_h200*.json).
+        # GPU (a mask and a nonzero per expert waited once per expert in use: 250 waits per k2-layer
+        # verify step, benchmarks/results/gpu_captures_h200*.json). Counted with scatter_add: on CUDA,
+        # bincount waits twice more itself (it reads the min and max back to size its output).
         pairs = experts.flatten()
         order = pairs.argsort(stable=True)
-        sizes = torch.bincount(pairs, minlength=len(self.experts)).tolist()
+        sizes = pairs.new_zeros(len(self.experts)).scatter_add_(0, pairs, torch.ones_like(pairs)).tolist()
         grouped = flat[order // experts.shape[1]]
         outs = [self.experts[e](rows) for e, rows in enumerate(grouped.split(sizes)) if sizes[e]]
         expert_out = torch.empty_like(grouped)

@@ -35,7 +35,7 @@ def known() -> Export:
 
 def test_known_gaps(tmp_path):
     trace, attribution, _ = analyse(known().write(tmp_path / "known.sqlite"))
-    result = host_gaps(trace, attribution, min_ms=20 * NS, top=3)
+    result = host_gaps(trace, attribution, min_ms=20 * NS, top=4)
     got = {s["stage"]: tuple(round(s[key] / NS) for key in ("host_ms", "in_calls_ms", "outside_calls_ms", "gaps_ms"))
            + (s["gaps"],) for s in result["stages"] if s["host_ms"]}
     # The innermost range owns each ns: verify's host time leaves out the nested accept.
@@ -43,7 +43,28 @@ def test_known_gaps(tmp_path):
     longest = [(g["stage"], round(g["at_ms"] / NS), round(g["ms"] / NS), g["next_call"], g["next_kernel"])
                for g in result["longest"]]
     assert longest == [("draft", 20, 40, "cuLibraryLoadData", "k2"), ("verify", 165, 35, "(the range ends)", None),
-                       ("draft", 72, 28, "(the range ends)", "k3")]
+                       ("draft", 72, 28, "(into verify)", "k3"), ("verify", 100, 20, "(into accept)", "k3")]
+
+
+def test_a_thread_without_calls_and_a_stage_made_of_nested_ranges(tmp_path):
+    """Thread 2 runs a stage and no CUDA call (all of it one gap); on thread 1 a stage map makes
+    verify of two nested ranges, whose call-free stretch is one gap, as the breakdown counts it once."""
+    export = Export()
+    export.range(STEP, 0, 200)
+    export.range("fwd", 100, 200)
+    export.range("attn", 120, 140)
+    export.kernel(170, 180, launch=(195, 198), name="k3")
+    export.range(STEP, 0, 200, tid=2)
+    export.range("build", 100, 150, tid=2)
+    export.mark(TOKENS_MARK, 200, 1)
+    (tmp_path / "map.json").write_text(json.dumps({"ranges": {"step": "step", "fwd": "verify", "attn": "verify",
+                                                               "build": "tree_build"}}))
+    done = ddprof("gaps", export.write(tmp_path / "nested.sqlite"), "--stage-map", tmp_path / "map.json",
+                  "--min-ms", "0.00003", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    longest = [(g["stage"], round(g["at_ms"] / NS), round(g["ms"] / NS), g["next_call"]) for g in result["longest"]]
+    assert longest == [("verify", 100, 95, "cudaLaunchKernel"), ("tree_build", 100, 50, "(the range ends)")]
 
 
 def test_real_h200_export_splits_each_stage_host_time():
@@ -76,3 +97,13 @@ def test_bad_input_is_one_line(tmp_path):
         done = ddprof("gaps", *args)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_dropped_ranges_are_counted_in_the_output(tmp_path):
+    export = known()
+    export.range(STEP, 300, None)  # never closed
+    path = export.write(tmp_path / "unclosed.sqlite")
+    assert ddprof("gaps", path).returncode == 2
+    done = ddprof("gaps", path, "--drop-incomplete")
+    assert done.returncode == 0 and "left out 1 unclosed" in done.stdout, done.stdout + done.stderr
+    assert json.loads(ddprof("gaps", path, "--drop-incomplete", "--json").stdout)["dropped_ranges"]["unclosed"] == 1
