@@ -13,7 +13,11 @@ import numpy as np
 from ddprof.analysis import stage_row
 from ddprof.attribution import OTHER, OWNERS, Attribution
 
-METRICS = ("cpu_ns", "gpu_ns", "crit_ns")
+# Per-step metric -> (its name per step in the output, its unit in per_step's). Counts and ns alike
+# are compared as means per step.
+METRICS = {"cpu_ns": ("cpu_ms_per_step", 1e6), "gpu_ns": ("gpu_ms_per_step", 1e6), "crit_ns": ("crit_ms_per_step", 1e6),
+           "gpu_ops": ("gpu_ops_per_step", 1), "sync_calls": ("sync_calls_per_step", 1)}
+GPU_SIDE = ("gpu_ns", "gpu_ops", "sync_calls")  # unknown unless both runs traced the GPU
 _BATCH = 64  # resamples drawn at once: bounds memory at _BATCH x steps weights
 MAX_RESAMPLES = 1_000_000  # far past where a 95% interval's ends stop moving; bounds the run time
 
@@ -57,16 +61,15 @@ def compare(a: Attribution, b: Attribution, summary_a: dict, summary_b: dict, *,
     stages = []
     for code, owner in enumerate(OWNERS):
         row = {"stage": owner}
-        for m, metric in enumerate(METRICS):
-            name = metric.replace("_ns", "_ms_per_step")
-            if metric == "gpu_ns" and not (a.has_gpu_activity and b.has_gpu_activity):
+        for m, (metric, (name, unit)) in enumerate(METRICS.items()):
+            if metric in GPU_SIDE and not (a.has_gpu_activity and b.has_gpu_activity):
                 row.update({f"a_{name}": None, f"b_{name}": None, f"{name}_delta": None, f"{name}_delta_ci": None})
                 continue
             col = m * n_owners + code
-            row[f"a_{name}"] = mean_a[col] / 1e6
-            row[f"b_{name}"] = mean_b[col] / 1e6
-            row[f"{name}_delta"] = (mean_b[col] - mean_a[col]) / 1e6
-            row[f"{name}_delta_ci"] = interval((boot_b[:, col] - boot_a[:, col]) / 1e6)
+            row[f"a_{name}"] = mean_a[col] / unit
+            row[f"b_{name}"] = mean_b[col] / unit
+            row[f"{name}_delta"] = (mean_b[col] - mean_a[col]) / unit
+            row[f"{name}_delta_ci"] = interval((boot_b[:, col] - boot_a[:, col]) / unit)
         share_a, share_b = _crit_share(summary_a, owner), _crit_share(summary_b, owner)
         row.update(a_crit_share=share_a, b_crit_share=share_b, crit_share_delta=share_b - share_a)
         stages.append(row)

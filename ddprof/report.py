@@ -136,12 +136,16 @@ def compare_view(result: dict) -> Group:
     ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
     lines.append(Text(f"tok/s ratio B/A: {ratio}{ci_text} ({conf} CI, {result['resamples']} step resamples)"))
     with_gpu = any(row["gpu_ms_per_step_delta"] is not None for row in result["stages"])
+    gpu_columns = ["gpu Δ", "ops/step A → B", "waits/step A → B"] if with_gpu else []
     table = _table(f"crit ms per step, Δ = B - A and its {conf} bootstrap CI (cpu/gpu deltas: --json)",
-                   ("stage", "A", "B", "Δ", f"{conf} CI", *(["gpu Δ"] * with_gpu), "share A → B"))
+                   ("stage", "A", "B", "Δ", f"{conf} CI", *gpu_columns, "share A → B"))
     for row in result["stages"]:
         low, high = row["crit_ms_per_step_delta_ci"]
+        gpu_cells = [_num(row["gpu_ms_per_step_delta"]),
+                     f"{_num(row['a_gpu_ops_per_step'], '{:,.1f}')} → {_num(row['b_gpu_ops_per_step'], '{:,.1f}')}",
+                     f"{_num(row['a_sync_calls_per_step'], '{:,.1f}')} → {_num(row['b_sync_calls_per_step'], '{:,.1f}')}"]
         table.add_row(row["stage"], _num(row["a_crit_ms_per_step"]), _num(row["b_crit_ms_per_step"]),
                       _num(row["crit_ms_per_step_delta"]), f"{_num(low)} … {_num(high)}",
-                      *([_num(row["gpu_ms_per_step_delta"])] * with_gpu),
+                      *(gpu_cells if with_gpu else []),
                       f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
     return Group(*lines, table)

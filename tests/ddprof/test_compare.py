@@ -5,13 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from ddprof.analysis import breakdown
+from ddprof.analysis import breakdown, stage_row
 from ddprof.attribution import OWNERS, attribute
 from ddprof.compare import compare
 from ddprof.load import load
 from engine.stages import STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
 from tests.ddprof.test_breakdown_cli import ddprof
+from tests.ddprof.test_gaps import H200_EXPORT
 
 
 def run(tree_build_ns: list[int], tmp_path, name: str, verify_ns: int = 20, gap: int = 10):
@@ -42,6 +43,7 @@ def test_constant_steps_give_exact_deltas_and_degenerate_intervals(tmp_path):
     assert tree["crit_ms_per_step_delta_ci"] == pytest.approx([-50e-6, -50e-6])
     assert row(result, "verify")["crit_ms_per_step_delta"] == pytest.approx(0)
     assert tree["gpu_ms_per_step_delta"] is None  # neither run has GPU activity
+    assert tree["a_gpu_ops_per_step"] is None and tree["sync_calls_per_step_delta"] is None
     # A: 5 steps of 80 ns + 4 gaps of 10 = 440 ns for 10 tokens; B: 8 of 30 + 7 of 10 = 310 ns for 16.
     assert result["tok_per_s_ratio"] == pytest.approx((16 / 310) / (10 / 440))
     assert result["tok_per_s_ratio_ci"] == pytest.approx([result["tok_per_s_ratio"]] * 2)
@@ -101,3 +103,15 @@ def test_cli_tables_are_whole_when_piped(tmp_path):
     assert done.returncode == 0 and f"A: {long_name} · 4 steps" in done.stdout
     shares = [line.split()[-1] for line in done.stdout.splitlines() if line.strip().startswith(("draft", "verify"))]
     assert len(shares) == 2 and all(share.endswith("%") for share in shares)  # "18.4% → 2.…" before
+
+
+def test_ops_and_waits_per_step_on_a_real_h200_export():
+    attribution = attribute(load(H200_EXPORT))
+    summary = breakdown(attribution)
+    result = compare(attribution, attribution, summary, summary, resamples=50)
+    for r in result["stages"][:-1]:  # `other` launches nothing
+        stage = stage_row(summary, r["stage"])
+        assert r["a_gpu_ops_per_step"] == pytest.approx(stage["gpu_ops"] / summary["steps"])
+        assert r["b_sync_calls_per_step"] == pytest.approx(stage["sync_calls"] / summary["steps"])
+        assert r["gpu_ops_per_step_delta"] == 0
+    assert all(r["a_gpu_ops_per_step"] > 0 for r in result["stages"][:-1])
