@@ -3,13 +3,14 @@ calls inside stage ranges.
 
 A launch-bound stage spends its host time in launch calls; a stage that waits spends it in sync
 calls (both in `ddprof breakdown`). What is left is the thread running Python, a library planning or
-compiling a kernel, or a lock: each gap ends with the call that follows it, and that call (and the
-GPU op it launches) usually names the culprit. For example, a ~38 ms gap before every cuDNN
-attention kernel of a K2-shaped draft step was cuDNN planning each new context length.
+compiling a kernel, or a lock: the call that ends a gap and the next kernel the thread launches
+usually name the culprit. For example, a ~40 ms gap before the cuDNN attention kernel of every
+K2-shaped draft step was cuDNN planning each new context length.
 
 Each elementary piece of a thread's time is owned, as on the critical path, by the innermost
 stage range covering it (ddprof.attribution); a gap is a maximal run of pieces outside every
-runtime call with one owner, so a stage's in-call and gap time sum to its innermost host time.
+runtime call owned by one stage in one step, so a stage's in-call and gap time sum to its
+innermost host time.
 """
 
 from __future__ import annotations
