@@ -21,11 +21,12 @@ FACETS = ("budget", "concurrency")  # rows, columns
 
 
 def owner_rows(summary: dict) -> list[dict]:
-    """Per owner of step time (six stages, then other): its share, crit/cpu/gpu ms, from the breakdown."""
-    rows = [{key: stage[key] for key in ("stage", "crit_share", "crit_ms", "cpu_ms", "gpu_ms")}
+    """Per owner of step time (six stages, then other): its share, crit/cpu/gpu ms, GPU ops launched
+    and waiting calls, from the breakdown."""
+    rows = [{key: stage[key] for key in ("stage", "crit_share", "crit_ms", "cpu_ms", "gpu_ms", "gpu_ops", "sync_calls")}
             for stage in summary["stages"]]
     rows.append({"stage": OTHER, "crit_share": summary["other_crit_share"], "crit_ms": summary["other_crit_ms"],
-                 "cpu_ms": None, "gpu_ms": None})
+                 "cpu_ms": None, "gpu_ms": None, "gpu_ops": None, "sync_calls": None})
     return rows
 
 
@@ -101,10 +102,13 @@ def step_share_figure(runs: Sequence[Run]) -> go.Figure:
                 x=x, y=[cell["crit_share"] for cell in cells_of_owner], name=owner, legendgroup=owner,
                 showlegend=owner not in legend_shown, marker_color=STAGE_COLOURS[owner],
                 customdata=[[cell["crit_ms"] / run.summary["steps"], _ms(cell["cpu_ms"]), _ms(cell["gpu_ms"]),
-                             run.label] for cell, run in zip(cells_of_owner, members)],
+                             run.label, _per_step(cell["gpu_ops"], run), _per_step(cell["sync_calls"], run)]
+                            for cell, run in zip(cells_of_owner, members)],
                 hovertemplate=(f"<b>%{{customdata[3]}}</b><br>{owner}: %{{y:.1%}} of step time<br>"
                                "%{customdata[0]:.3f} ms per step on the critical path<br>"
-                               "cpu_ms %{customdata[1]} · gpu_ms %{customdata[2]}<extra></extra>")),
+                               "cpu_ms %{customdata[1]} · gpu_ms %{customdata[2]}<br>"
+                               "per step: %{customdata[4]} GPU ops launched, %{customdata[5]} waits for the GPU"
+                               "<extra></extra>")),
                 row=row, col=col)
             legend_shown.add(owner)
     figure.update_yaxes(range=[0, 1], tickformat=".0%")
@@ -117,3 +121,7 @@ def step_share_figure(runs: Sequence[Run]) -> go.Figure:
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.2f}"
+
+
+def _per_step(count: int | None, run: Run) -> str:
+    return "n/a" if count is None else f"{count / run.summary['steps']:,.1f}"

@@ -60,10 +60,11 @@ def test_hover_shows_ms_per_step_cpu_ms_and_gpu_ms(pair):
     tree_build = next(trace for trace in step_share_figure(pair).data if trace.name == "tree_build")
     cpu_heapq, gpu_builder = tree_build.customdata
     assert cpu_heapq[0] == pytest.approx(500 * U / 1e6)  # ms per step on the critical path
-    assert cpu_heapq[1:] == ["10.00", "n/a", "CPU heapq"]  # a trace without GPU activity has no gpu_ms
+    assert cpu_heapq[1:] == ["10.00", "n/a", "CPU heapq", "n/a", "n/a"]  # no GPU activity: no gpu_ms, ops, waits
     assert gpu_builder[0] == pytest.approx(300 * U / 1e6)
     gpu_ms = STEPS * (KERNEL[1] - KERNEL[0]) / 1e6
-    assert gpu_builder[1:] == [f"{STEPS * 100 * U / 1e6:.2f}", f"{gpu_ms:.2f}", "GPU builder"]
+    # One kernel launched in each step's tree_build, no waiting call.
+    assert gpu_builder[1:] == [f"{STEPS * 100 * U / 1e6:.2f}", f"{gpu_ms:.2f}", "GPU builder", "1.0", "0.0"]
     assert "ms per step" in tree_build.hovertemplate and "cpu_ms" in tree_build.hovertemplate
     assert "gpu_ms" in tree_build.hovertemplate
 
