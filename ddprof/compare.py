@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddprof.analysis import stage_row
+from ddprof.analysis import GPU_SIDE_COLUMNS, stage_row
 from ddprof.attribution import OTHER, OWNERS, Attribution
 
 # Per-step metric -> (its name per step in the output, its unit in per_step's). Counts and ns alike
 # are compared as means per step.
 METRICS = {"cpu_ns": ("cpu_ms_per_step", 1e6), "gpu_ns": ("gpu_ms_per_step", 1e6), "crit_ns": ("crit_ms_per_step", 1e6),
            "gpu_ops": ("gpu_ops_per_step", 1), "sync_calls": ("sync_calls_per_step", 1)}
-GPU_SIDE = ("gpu_ns", "gpu_ops", "sync_calls")  # unknown unless both runs traced the GPU
 _BATCH = 64  # resamples drawn at once: bounds memory at _BATCH x steps weights
 MAX_RESAMPLES = 1_000_000  # far past where a 95% interval's ends stop moving; bounds the run time
 
@@ -62,7 +61,7 @@ def compare(a: Attribution, b: Attribution, summary_a: dict, summary_b: dict, *,
     for code, owner in enumerate(OWNERS):
         row = {"stage": owner}
         for m, (metric, (name, unit)) in enumerate(METRICS.items()):
-            if metric in GPU_SIDE and not (a.has_gpu_activity and b.has_gpu_activity):
+            if metric in GPU_SIDE_COLUMNS and not (a.has_gpu_activity and b.has_gpu_activity):  # unknown in one
                 row.update({f"a_{name}": None, f"b_{name}": None, f"{name}_delta": None, f"{name}_delta_ci": None})
                 continue
             col = m * n_owners + code
