@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ddprof.gaps import host_gaps
@@ -107,3 +108,60 @@ def test_dropped_ranges_are_counted_in_the_output(tmp_path):
     done = ddprof("gaps", path, "--drop-incomplete")
     assert done.returncode == 0 and "left out 1 unclosed" in done.stdout, done.stdout + done.stderr
     assert json.loads(ddprof("gaps", path, "--drop-incomplete", "--json").stdout)["dropped_ranges"]["unclosed"] == 1
+
+
+def brute_force(trace, attribution, min_ns: int) -> tuple[dict, list[int]]:
+    """Per stage (in-call ns, outside ns, gaps >= min_ns, their ns) and the sorted gap lengths,
+    walking every ns of every thread: the innermost range (latest start, then earliest end) owns it."""
+    per_stage = {stage: [0, 0, 0, 0] for stage in STAGES}
+    lengths = []
+    for (pid, tid), ranges in attribution.stage_ranges.group_by("pid", "tid"):
+        mine = ranges.rows(named=True)
+        calls = trace.runtime.filter((trace.runtime["pid"] == pid) & (trace.runtime["tid"] == tid)).rows(named=True)
+        run = None  # (stage, step, length) of the gap being walked
+        for t in range(min(r["start"] for r in mine), max(r["end"] for r in mine) + 1):
+            covering = [r for r in mine if r["start"] <= t < r["end"]]
+            owner = max(covering, key=lambda r: (r["start"], -r["end"])) if covering else None
+            outside = owner is not None and not any(c["start"] <= t < c["end"] for c in calls)
+            key = (owner["stage"], owner["step_id"]) if outside else None
+            if run and run[:2] != key:
+                lengths.append(run[2])
+                if run[2] >= min_ns:
+                    per_stage[run[0]][2] += 1
+                    per_stage[run[0]][3] += run[2]
+                run = None
+            if owner is not None:
+                per_stage[owner["stage"]][1 if outside else 0] += 1
+            if outside:
+                run = (*key, run[2] + 1) if run else (*key, 1)
+    return per_stage, sorted(lengths, reverse=True)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_matches_brute_force_on_random_exports(seed, tmp_path):
+    from tests.ddprof.test_attribution_reference import random_export
+
+    rng = np.random.default_rng(seed)
+    path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
+    trace, attribution, _ = analyse(path)
+    if trace.runtime.height == 0:
+        pytest.skip("this draw made no CUDA calls")
+    min_ns = int(rng.integers(1, 6))
+    result = host_gaps(trace, attribution, min_ms=min_ns * NS, top=1000)
+    want, lengths = brute_force(trace, attribution, min_ns)
+    for row in result["stages"]:
+        got = (round(row["in_calls_ms"] / NS), round(row["outside_calls_ms"] / NS), row["gaps"], round(row["gaps_ms"] / NS))
+        assert got == tuple(want[row["stage"]]), row["stage"]
+    assert [round(g["ms"] / NS) for g in result["longest"]] == [n for n in lengths if n >= min_ns]
+
+
+def test_a_gap_never_spans_two_steps(tmp_path):
+    export = Export()
+    for start in (0, 100):  # back to back, verify last in the first step and first in the second
+        export.range(STEP, start, start + 100)
+        export.range("verify", start, start + 100)
+    export.kernel(250, 260, launch=(200, 210), name="k")
+    export.mark(TOKENS_MARK, 200, 1)
+    trace, attribution, _ = analyse(export.write(tmp_path / "steps.sqlite"))
+    result = host_gaps(trace, attribution, min_ms=NS, top=5)
+    assert [(g["step_id"], round(g["ms"] / NS)) for g in result["longest"]] == [(0, 100), (1, 100)]
