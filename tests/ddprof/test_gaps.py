@@ -150,7 +150,8 @@ def test_matches_brute_force_on_random_exports(seed, tmp_path):
     result = host_gaps(trace, attribution, min_ms=min_ns * NS, top=1000)
     want, lengths = brute_force(trace, attribution, min_ns)
     for row in result["stages"]:
-        got = (round(row["in_calls_ms"] / NS), round(row["outside_calls_ms"] / NS), row["gaps"], round(row["gaps_ms"] / NS))
+        got = (round(row["in_calls_ms"] / NS), round(row["outside_calls_ms"] / NS), row["gaps"],
+               round(row["gaps_ms"] / NS))
         assert got == tuple(want[row["stage"]]), row["stage"]
     assert [round(g["ms"] / NS) for g in result["longest"]] == [n for n in lengths if n >= min_ns]
 
