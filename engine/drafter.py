@@ -119,7 +119,9 @@ class Drafter(nn.Module):
             drafter = build_drafter(DrafterConfig.from_dict(configs["drafter"]),
                                     ModelConfig.from_dict(configs["target"]), device=device, dtype=dtype)
             drafter.load_state_dict(load_file(path, device=str(device)))
-        except (EngineError, KeyError, TypeError, ValueError, RuntimeError) as e:  # no or foreign configs, other shapes
+        except KeyError as e:  # no configs (drafters saved before they were one entry had two), or partial ones
+            raise EngineError(f"{path}: not a drafter this engine can load (no {e} in its metadata)") from None
+        except (EngineError, TypeError, ValueError, RuntimeError) as e:  # foreign configs, other shapes
             raise EngineError(f"{path}: not a drafter this engine can load ({str(e).splitlines()[0]})") from None
         require_finite(drafter, path)
         return drafter

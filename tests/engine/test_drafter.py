@@ -1,9 +1,10 @@
 """The block drafter: proposal shapes and normalisation, trainability, save/load."""
 
+import pytest
 import torch
 
-from engine.config import preset
 from engine import drafter as drafter_module
+from engine.config import preset
 from engine.drafter import CONTEXT_BUCKET, Drafter, DrafterCache, build_drafter, propose
 
 P = preset("tiny")
@@ -75,3 +76,15 @@ def test_context_comes_in_buckets_and_the_padding_changes_nothing(tiny, monkeypa
     assert cache.context(slots, lengths)[0].shape[2] == n
     exact = propose(drafter, target, cache, slots, lengths, torch.tensor([65, 66]), top_k=5)
     torch.testing.assert_close(padded, exact)
+
+
+def test_a_file_without_the_configs_entry_is_refused_in_one_line(tmp_path):
+    from safetensors.torch import save_file
+
+    from engine.errors import EngineError
+
+    drafter = build_drafter(P.drafter, P.model, seed=9)
+    path = tmp_path / "two_entries.safetensors"  # the layout drafters had before: two config entries
+    save_file(dict(drafter.state_dict()), str(path), metadata={"drafter_config": "{}", "target_config": "{}"})
+    with pytest.raises(EngineError, match="no 'configs' in its metadata"):
+        Drafter.load(str(path))
