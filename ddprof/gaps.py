@@ -25,6 +25,8 @@ from ddprof.load import Trace
 from engine.stages import STAGES
 
 _NS_PER_MS = 1e6
+# What ends a gap that no call ends, by the stage code after it (the last: no stage range).
+_HANDOVERS = np.array([f"(into {stage})" for stage in STAGES] + ["(the range ends)"], dtype=object)
 
 
 def host_gaps(trace: Trace, attribution: Attribution, *, min_ms: float = 1.0, top: int = 10) -> dict:
@@ -98,8 +100,7 @@ def _thread_gaps(ranges: pl.DataFrame, calls: pl.DataFrame, launches: pl.DataFra
     ends_at_call = following < c_start.size
     ends_at_call[ends_at_call] = c_start[following[ends_at_call]] == gap_end[ends_at_call]
     after = segment_of(range_bounds, winner, gap_end)
-    handover = np.array([f"(into {STAGES[r_stage[row]]})" if row >= 0 else "(the range ends)" for row in after],
-                        dtype=object)
+    handover = _HANDOVERS[np.where(after >= 0, r_stage[after], len(STAGES))]
     next_launch = np.searchsorted(launches["launch_start"].to_numpy(), gap_end)
     gaps = pl.DataFrame({"start": gap_start, "end": gap_end, "ns": gap_end - gap_start,
                          "stage": r_stage[owner[first]], "step_id": r_step[owner[first]],
