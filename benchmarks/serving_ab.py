@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -25,6 +25,7 @@ from benchmarks.machine import RESULTS, describe
 from engine import corpus
 from engine.engine import Engine, rows_per_slot
 from engine.generate import load_models
+from engine.model import set_batch_invariant
 from engine.scheduler import serve
 from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up
 from engine.tokenizer import load_tokenizer
@@ -61,7 +62,7 @@ class Workload:
         self.requests: list[Request] = generate(args.workload, args.requests, 0, self.tokenizer,
                                                 max_new_tokens=args.max_new_tokens, files=corpus.files(PROMPT_SPLIT))
         self.target, self.drafter = load_models(args.model, seed=WEIGHT_SEED, device=self.device)
-        self.first_output: dict[int, list[int]] | None = None  # every later run must decode exactly this
+        self.first_output: dict[str, dict[int, list[int]]] = {}  # by numerics: every later run must decode this
 
     def engine(self, builder: str) -> Engine:
         """An engine (NVTX off) sized for the workload, warmed up on its first request."""
@@ -72,17 +73,19 @@ class Workload:
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
         return engine
 
-    def serve(self, engine: Engine) -> dict:
+    def serve(self, engine: Engine, numerics: str = "") -> dict:
         """Serve every request once; tokens, steps, wall time and tok/s. Exits if the tokens differ
-        from the first run's."""
+        from the first run's: of the same `numerics`, when the variants round differently (each then
+        decodes its own greedy tokens, the same in every round)."""
         start = time.perf_counter()
         result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id)
         if self.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
-        self.first_output = self.first_output or result.tokens
-        if result.tokens != self.first_output:
-            sys.exit("the variants decoded different tokens: each must be a faster way to the same greedy result")
+        first = self.first_output.setdefault(numerics, result.tokens)
+        if result.tokens != first:
+            sys.exit(f"runs{' of ' + numerics if numerics else ''} decoded different tokens: each must be a "
+                     "faster way to the same greedy result")
         return {"tokens": result.generated_tokens, "steps": result.steps, "wall_s": wall,
                 "tok_per_s": result.generated_tokens / wall}
 
@@ -116,3 +119,25 @@ def write_result(benchmark: str, workload: Workload, rows: list[dict], verdict: 
     args = workload.args
     args.out.write_text(json.dumps({"benchmark": benchmark, "machine": describe(), "settings": vars(args) | {
         "out": str(args.out), "device": workload.device}, "runs": rows, **verdict}, indent=1) + "\n")
+
+
+def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str, str],
+              switch: Callable[[str], ContextManager], same_numerics: bool) -> None:
+    """The A/B of two settings of one engine, `switch(variant)` turning each on around its runs (the
+    main of moe_dispatch_ab.py and batch_invariant_ab.py). `same_numerics`: both variants must
+    decode the same tokens; else each its own, the same in every round."""
+    parser = workload_arguments(description, f"{benchmark}.json")
+    parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                        help="the numerics of every other op (--no-batch-invariant: the vendor's GEMMs and norms)")
+    args = parser.parse_args()
+    set_batch_invariant(args.batch_invariant)
+    workload = Workload(args)
+    engine = workload.engine(args.builder)
+
+    def run(variant: str) -> dict:
+        with switch(variant):
+            return workload.serve(engine, "" if same_numerics else variant)
+
+    rows, verdict = paired_rounds(run, variants, args.rounds, field)
+    write_result(benchmark, workload, rows, verdict)

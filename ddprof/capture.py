@@ -57,6 +57,7 @@ class CaptureRequest:
     requests: int | None = None
     max_new_tokens: int | None = None
     seed: int | None = None
+    batch_invariant: bool | None = None
     timeout_s: float = 1800
 
 
@@ -92,6 +93,8 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
                         ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed)):
         if value is not None:
             command += [flag, str(value)]
+    if request.batch_invariant is not None:
+        command.append("--batch-invariant" if request.batch_invariant else "--no-batch-invariant")
     return command + ["--summary", str(summary), "--progress", str(progress)]
 
 

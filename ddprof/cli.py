@@ -63,6 +63,10 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         raise typer.Exit(1)  # scripts can ask `ddprof doctor` whether captures will work
 
 
+BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
+                        "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
+
+
 @app.command()
 def capture(
     workload: str = typer.Option(..., help="Workload generator: chat, code, long-context or fixed."),
@@ -73,6 +77,7 @@ def capture(
     requests: int = typer.Option(None, help="Requests to serve (default: the engine's)."),
     max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it (default: the engine's)."),
     seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
+    batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
@@ -85,7 +90,7 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             timeout_s=timeout)
+                             batch_invariant=batch_invariant, timeout_s=timeout)
 
     with progress_bar(counts=True) as progress:
         task = progress.add_task("capturing under nsys: requests done", total=None)
@@ -264,6 +269,7 @@ def sweep(
     requests: int = typer.Option(None, help="Requests per capture (default: 8 on a CPU, 64 on a GPU)."),
     max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 16 on a CPU, 64 on a GPU)."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
+    batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
@@ -284,7 +290,8 @@ def sweep(
                 builders=_grid_values("--builder", builder, machine["builders"], str),
                 budgets=_grid_values("--budget", budget, machine["budgets"], int),
                 model=given(model, "model"), requests=given(requests, "requests"),
-                max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed, out_dir=out_dir)
+                max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed,
+                batch_invariant=batch_invariant, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
     points = grid.points()
     with progress_bar(counts=True) as progress:

@@ -3,6 +3,7 @@ way in every subcommand (one EngineError line), before any model is loaded or tr
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from pathlib import Path
@@ -67,3 +68,11 @@ def output_file(path: Path | None, flag: str) -> None:
         raise EngineError(f"{flag} {path}: cannot write ({error.strerror})") from None
     if not existed:
         path.unlink()
+
+
+def add_batch_invariant(parser: argparse.ArgumentParser) -> None:
+    """`--batch-invariant / --no-batch-invariant` (serve, generate; ddprof capture and sweep pass it on)."""
+    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                        help="compute each token's row as it would be computed alone (default: on; what makes "
+                             "greedy DDTree equal AR exactly); --no-batch-invariant runs the vendor's GEMMs and "
+                             "norms (cuBLAS, MKL): faster, and no longer exact")

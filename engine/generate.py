@@ -22,7 +22,7 @@ from engine.config import PRESETS, default_drafter, preset
 from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult, rows_per_slot
 from engine.errors import EngineError
-from engine.model import TargetModel, build_target
+from engine.model import TargetModel, build_target, set_batch_invariant
 from engine.tokenizer import load_tokenizer
 from engine.trained import drafter_path as drafter_path_of
 from engine.trained import has_pair, has_target, load_drafter, load_target
@@ -103,6 +103,7 @@ def register(subcommands) -> None:
     parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    arguments.add_batch_invariant(parser)
     parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     args.device = arguments.device(args.device)
     if args.weights and args.random_weights:
         raise EngineError("--weights and --random-weights: choose one (a checkpoint, or seeded random weights)")
+    set_batch_invariant(args.batch_invariant)
     tokenizer = load_tokenizer()
     texts = args.prompt or ["The quick brown fox"]
     target, drafter = load_models(args.model, seed=args.seed, device=args.device, weights=args.weights,

@@ -21,32 +21,44 @@ from engine.config import ModelConfig
 
 # --- Numerics that do not depend on batch composition -------------------------------------------
 
-_row_exact = True  # False only inside `plain_matmuls()`
+_batch_invariant = True  # see `set_batch_invariant`; False inside `plain_matmuls()`
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Whether later forwards compute each row exactly as they would alone (the default, and what
+    makes greedy DDTree equal AR token for token). Off, GEMMs and norms are the vendor's (cuBLAS,
+    MKL, PyTorch's reductions), which pick their kernels by row count: faster, no longer exact."""
+    global _batch_invariant
+    _batch_invariant = on
 
 
 @contextmanager
 def plain_matmuls():
-    """Plain GEMMs on the CPU too, for training: several times faster, but a row's result then
-    depends on how many rows share the call, so never decode inside this block."""
-    global _row_exact
-    before, _row_exact = _row_exact, False
+    """Vendor GEMMs and norms inside the block (training; `--no-batch-invariant`): several times
+    faster on the CPU, but a row's result then depends on how many rows share the call, so greedy
+    DDTree decoded inside it is no longer exactly AR's."""
+    global _batch_invariant
+    before, _batch_invariant = _batch_invariant, False
     try:
         yield
     finally:
-        _row_exact = before
+        _batch_invariant = before
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., in] times weight [out, in]^T.
+    """x [..., in] times weight [out, in]^T, each row's result independent of the others.
 
     On the CPU every row is its own [1, in] x [in, out] product (one bmm over the rows): MKL's GEMM
-    picks different kernels for different row counts, so a row's result would otherwise depend on
-    how many other tokens share the call. Row by row, a token's numbers are identical whether it is
-    decoded alone, in a batch, or inside a verified tree, which makes greedy DDTree exactly
-    lossless against autoregressive decoding. On the GPU: one plain GEMM.
+    picks different kernels for different row counts. On the GPU cuBLAS does the same, so the GEMM is
+    triton_kernels/batch_invariant_matmul.py, tiled by the weight's shape alone. Either way a token's
+    numbers are identical whether it is decoded alone, in a batch, or inside a verified tree, which
+    makes greedy DDTree exactly lossless against autoregressive decoding.
     """
-    if x.device.type != "cpu" or not _row_exact:
+    if not _batch_invariant:
         return F.linear(x, weight)
+    if x.is_cuda:
+        from triton_kernels.batch_invariant_matmul import batch_invariant_linear
+        return batch_invariant_linear(x, weight)
     rows = x.reshape(-1, 1, x.shape[-1]).contiguous()
     out = torch.bmm(rows, weight.t().expand(rows.shape[0], -1, -1))
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -54,9 +66,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., H, a] times each head's own matrix weight [H, b, a] -> [..., H, b]."""
-    if x.device.type != "cpu" or not _row_exact:
+    if not _batch_invariant:
         return torch.einsum("...ha,hba->...hb", x, weight)
+    if x.is_cuda:
+        from triton_kernels.batch_invariant_matmul import batch_invariant_per_head
+        return batch_invariant_per_head(x, weight)
     return torch.stack([linear(x[..., h, :], weight[h]) for h in range(weight.shape[0])], dim=-2)
+
+
+def ordered_sum(x: torch.Tensor) -> torch.Tensor:
+    """x summed over its last (short) axis left to right: a fixed order, where a reduction kernel's
+    order may change with the number of rows."""
+    total = x[..., 0]
+    for j in range(1, x.shape[-1]):
+        total = total + x[..., j]
+    return total
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -76,6 +100,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and _batch_invariant:  # PyTorch's row reduction splits a row by the row count
+            from triton_kernels.rms_norm import rms_norm
+            return rms_norm(x, self.weight, self.eps)
         xf = x.float()
         # Division by sqrt, not rsqrt: sqrt and division are exactly rounded everywhere.
         xf = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -280,33 +307,81 @@ class Router(nn.Module):
         choice = scores + self.e_score_correction_bias
         if c.n_group > 1:  # keep the topk_group groups whose two best experts score highest
             groups = choice.unflatten(-1, (c.n_group, -1))
-            group_score = groups.topk(min(2, groups.shape[-1]), dim=-1).values.sum(-1)
+            group_score = ordered_sum(groups.topk(min(2, groups.shape[-1]), dim=-1).values)
             kept = torch.zeros_like(group_score, dtype=torch.bool)
             kept.scatter_(1, group_score.topk(c.topk_group, dim=-1).indices, True)
             choice = groups.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
         experts = choice.topk(c.num_experts_per_tok, dim=-1).indices
         weights = scores.gather(1, experts)
         if c.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            weights = weights / (ordered_sum(weights)[:, None] + 1e-20)
         return weights * c.routed_scaling_factor, experts
 
 
 class MoE(nn.Module):
+    """Routed experts plus shared experts. On CUDA the routed experts run fused
+    (triton_kernels/fused_moe.py: two grouped GEMMs, no wait for the GPU); elsewhere, and as the
+    reference, `per_expert` runs each expert on its rows."""
+
+    fused_on_cuda = True  # benchmarks/moe_dispatch_ab.py turns it off for its baseline
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
         self.gate = Router(c)
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.n_routed_experts))
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
+        self.w13: torch.Tensor | None = None  # [E, 2I, H] gate+up, once `stack_experts` made them
+        self.w2: torch.Tensor | None = None   # [E, H, I] down
+
+    def stack_experts(self, device: torch.device | str) -> None:
+        """Place the experts' weights on `device` as views of two stacked tensors, the layout the
+        fused kernels read (copying the values they hold, unless they are still on meta). The
+        per-expert parameters (and so the checkpoint names) stay, as views: loading a checkpoint
+        fills the stacks, and memory is not doubled (K2: 34 GB per layer)."""
+        first = self.experts[0]
+        inter, hidden = first.gate_proj.weight.shape
+        dtype = first.gate_proj.weight.dtype
+        self.w13 = torch.empty(len(self.experts), 2 * inter, hidden, dtype=dtype, device=device)
+        self.w2 = torch.empty(len(self.experts), hidden, inter, dtype=dtype, device=device)
+        holds_values = not first.gate_proj.weight.is_meta  # a model already holding weights (moved to the GPU)
+        for e, expert in enumerate(self.experts):
+            if holds_values:
+                self.w13[e].copy_(torch.cat([expert.gate_proj.weight, expert.up_proj.weight]))
+                self.w2[e].copy_(expert.down_proj.weight)
+            expert.gate_proj.weight = nn.Parameter(self.w13[e, :inter], requires_grad=False)
+            expert.up_proj.weight = nn.Parameter(self.w13[e, inter:], requires_grad=False)
+            expert.down_proj.weight = nn.Parameter(self.w2[e], requires_grad=False)
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13, w2), refused unless the experts' parameters are still views of them (a `.to()` of
+        the model would copy each parameter on its own and leave the stacks stale)."""
+        last = self.experts[-1]
+        if (self.w13 is None or self.w2 is None
+                or self.experts[0].gate_proj.weight.data_ptr() != self.w13.data_ptr()
+                or last.down_proj.weight.data_ptr() != self.w2[-1].data_ptr()):
+            raise RuntimeError("MoE: the experts' weights are not views of their stacks; allocate the model "
+                               "on the GPU with engine.model.allocate_target (or call stack_experts)")
+        return self.w13, self.w2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         weights, experts = self.gate(flat)
-        # Each expert runs once on all the (token, choice) pairs routed to it: pairs sorted by expert,
-        # so each expert's rows are one slice. Reading the slice sizes is the layer's one wait for the
-        # GPU (a mask and a nonzero per expert waited once per expert in use: 250 waits per k2-layer
-        # verify step, benchmarks/results/gpu_captures_h200*.json). Counted with scatter_add: on CUDA,
-        # bincount waits twice more itself (it reads the min and max back to size its output).
+        shared = self.shared_experts(flat)
+        if flat.is_cuda and self.fused_on_cuda:
+            from triton_kernels.fused_moe import fused_moe
+            out = fused_moe(flat, weights, experts, *self.stacked(), shared)
+        else:
+            out = self.per_expert(flat, weights, experts, shared)
+        return out.reshape(x.shape)
+
+    def per_expert(self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, shared: torch.Tensor
+                   ) -> torch.Tensor:
+        """Each expert runs once on all the (token, choice) pairs routed to it: pairs sorted by
+        expert, so each expert's rows are one slice. Reading the slice sizes is the layer's one wait
+        for the GPU (a mask and a nonzero per expert waited once per expert in use: 250 waits per
+        k2-layer verify step, benchmarks/results/gpu_captures_h200*.json). Counted with scatter_add:
+        on CUDA, bincount waits twice more itself (it reads the min and max back to size its output)."""
         pairs = experts.flatten()
         order = pairs.argsort(stable=True)
         sizes = pairs.new_zeros(len(self.experts)).scatter_add_(0, pairs, torch.ones_like(pairs)).tolist()
@@ -315,15 +390,16 @@ class MoE(nn.Module):
         expert_out = torch.empty_like(grouped)
         if outs:  # none for an empty batch
             expert_out[order] = torch.cat(outs)
-        return self.combine(flat, weights, expert_out.view(*experts.shape, flat.shape[-1])).reshape(x.shape)
+        return self.combine(weights, expert_out.view(*experts.shape, flat.shape[-1]), shared)
 
-    def combine(self, flat: torch.Tensor, weights: torch.Tensor, expert_out: torch.Tensor) -> torch.Tensor:
-        """The shared experts plus each token's routed outputs [N, k, hidden], weighted."""
+    @staticmethod
+    def combine(weights: torch.Tensor, expert_out: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output plus each token's routed outputs [N, k, hidden], weighted."""
         # Combine in a fixed order (choice 0, 1, ...), so a token's sum never depends on the batch.
-        routed = expert_out[:, 0] * weights[:, :1].to(flat.dtype)
+        routed = expert_out[:, 0] * weights[:, :1].to(shared.dtype)
         for j in range(1, expert_out.shape[1]):
-            routed = routed + expert_out[:, j] * weights[:, j:j + 1].to(flat.dtype)
-        return self.shared_experts(flat) + routed
+            routed = routed + expert_out[:, j] * weights[:, j:j + 1].to(shared.dtype)
+        return shared + routed
 
 
 # --- The decoder ---------------------------------------------------------------------------------
@@ -376,6 +452,14 @@ class TargetModel(nn.Module):
         for layer in self.model.layers:
             if isinstance(layer.mlp, MoE):
                 layer.mlp.gate.float()
+        return self
+
+    def stack_experts(self, device: torch.device | str) -> TargetModel:
+        """Every MoE layer's experts stacked on `device` (what the fused kernels read on CUDA; a
+        model moved with `.to("cuda")` needs this once)."""
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.stack_experts(device)
         return self
 
     @property
@@ -450,12 +534,28 @@ def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
 def allocate_target(config: ModelConfig, *, device: str | torch.device = "cpu",
                     dtype: torch.dtype | None = None) -> TargetModel:
     """A target with uninitialised weights, allocated once, on `device`, in its final dtype (K2
-    shapes would not fit one GPU in float32 even for a moment); only the RoPE tables are filled."""
+    shapes would not fit one GPU in float32 even for a moment); only the RoPE tables are filled.
+    On CUDA the MoE experts are allocated stacked (`MoE.stack_experts`), for the fused kernels."""
     with torch.device("meta"):
         model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
-    model.to_empty(device=device)
+    if torch.device(device).type == "cuda":
+        model.stack_experts(device)
+    materialize(model, device)
     model.model.rotary.fill_tables()
     return model
+
+
+def materialize(module: nn.Module, device: str | torch.device) -> None:
+    """Every parameter and buffer still on the meta device as empty memory on `device`: `to_empty`,
+    except that tensors already allocated (the stacked experts' views) stay where they are."""
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None and param.is_meta:
+                sub._parameters[name] = nn.Parameter(torch.empty_like(param, device=device),
+                                                     requires_grad=param.requires_grad)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and buffer.is_meta:
+                sub._buffers[name] = torch.empty_like(buffer, device=device)
 
 
 def build_target(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu",

@@ -54,6 +54,7 @@ def register(subcommands) -> None:
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch threads on the CPU (default 1: on shared cores, every op with more threads "
                              "waits for whichever OpenMP thread was descheduled)")
+    arguments.add_batch_invariant(parser)
     parser.add_argument("--summary", type=Path, help="write the run's JSON summary here")
     parser.add_argument("--progress", type=Path, help="append 'done total' lines here as requests finish")
     parser.add_argument("--check", action="store_true", help="validate the arguments and requests, then exit")
@@ -89,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.engine import Engine
     from engine.generate import load_models
+    from engine.model import set_batch_invariant
 
     if device == "cpu":
         torch.set_num_threads(args.cpu_threads)
+    set_batch_invariant(args.batch_invariant)
 
     with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
                         f"rows on {device}"):
@@ -139,7 +142,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "model": args.model, "workload": args.workload, "concurrency": args.concurrency,
         "slots": min(args.concurrency, len(requests)),  # requests in flight at most
         "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
-        "temperature": args.temperature,
+        "temperature": args.temperature, "batch_invariant": args.batch_invariant,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED),
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),

@@ -49,3 +49,14 @@ def test_the_allowlist_keeps_what_the_engine_needs_and_nothing_else():
               "GITHUB_TOKEN": "y", "HF_TOKEN": "z"}
     assert allowlisted_env(caller) == {"PATH": "/usr/bin", "HOME": "/root", "TRITON_INTERPRET": "1"}
     assert not any("TOKEN" in name or "KEY" in name or "SECRET" in name for name in ENV_ALLOWLIST)
+
+
+def test_capture_passes_batch_invariance_on_to_the_engine(tmp_path):
+    from ddprof.capture import CaptureRequest, serve_command
+
+    def command(setting):
+        request = CaptureRequest(workload="chat", concurrency=2, out=tmp_path / "run", batch_invariant=setting)
+        return serve_command(request, "cpu", tmp_path / "s.json", tmp_path / "p")
+
+    assert "--no-batch-invariant" in command(False) and "--batch-invariant" in command(True)
+    assert not any("batch-invariant" in part for part in command(None))

@@ -88,3 +88,24 @@ def test_a_file_without_the_configs_entry_is_refused_in_one_line(tmp_path):
     save_file(dict(drafter.state_dict()), str(path), metadata={"drafter_config": "{}", "target_config": "{}"})
     with pytest.raises(EngineError, match="no 'configs' in its metadata"):
         Drafter.load(str(path))
+
+
+def test_attention_never_runs_through_cudnn(tiny, monkeypatch):
+    """cuDNN's attention plans every new shape (~75 ms of host time each on the H200): the drafter
+    turns it off around its attention, and leaves the global setting as it was."""
+    target, drafter = tiny
+    seen = []
+    real = drafter_module.F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drafter_module.F, "scaled_dot_product_attention", recording)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    cache = DrafterCache(drafter, n_slots=1, rows=32)
+    features = torch.randn(1, 5, target.config.hidden_size * len(drafter.config.target_layer_ids))
+    cache.append(drafter, torch.tensor([0]), features, torch.arange(5)[None])
+    propose(drafter, target, cache, torch.tensor([0]), torch.tensor([5]), torch.tensor([65]), top_k=3)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -55,3 +55,25 @@ def test_gpu_builder_is_lossless_too(trained):
     assert [r.tokens for r in gpu] == [r.tokens for r in ar]
     assert [r.accept_lengths for r in gpu] == [r.accept_lengths for r in cpu]
     assert sum(sum(r.accept_lengths) for r in gpu) > 0
+
+
+def test_cli_no_batch_invariant_runs_the_vendor_gemms():
+    """--no-batch-invariant decodes through plain GEMMs: the same model, numbers that may differ in
+    the last bits, so its own tokens (here, on MKL, it must still run and decode 20 of them)."""
+    done = cli("--model", "tiny", "--seed", "0", "--mode", "ar", "--max-new-tokens", "20", "--prompt", "Hello, world",
+               "--no-batch-invariant", "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["tokens"]) == 20
+
+
+def test_batch_invariance_is_switched_per_process_and_training_turns_it_off():
+    import engine.model as model
+
+    assert model._batch_invariant
+    with model.plain_matmuls():
+        assert not model._batch_invariant
+    model.set_batch_invariant(False)
+    try:
+        assert not model._batch_invariant
+    finally:
+        model.set_batch_invariant(True)

@@ -162,15 +162,14 @@ def test_moe_of_no_tokens_is_empty(target64):
     assert moe(torch.zeros(0, TINY.hidden_size, dtype=torch.float64)).shape == (0, TINY.hidden_size)
 
 
-def test_the_replaced_moe_dispatch_gives_the_same_bits(target64):
-    """benchmarks/moe_dispatch_ab.py times the dispatch the engine replaced: same work, same numbers."""
-    from benchmarks.moe_dispatch_ab import PER_EXPERT, dispatch
+def test_the_moe_ab_switches_the_cuda_path_and_restores_it():
+    """benchmarks/moe_dispatch_ab.py times the per-expert loop against the fused kernels on CUDA."""
+    from benchmarks.moe_dispatch_ab import FUSED, SORTED, dispatch
 
-    moe = target64.model.layers[1].mlp
-    x = torch.randn(40, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    engine_dispatch = MoE.forward
-    with dispatch(PER_EXPERT):
-        assert MoE.forward is not engine_dispatch
-        replaced = moe(x)
-    assert MoE.forward is engine_dispatch
-    assert torch.equal(replaced, moe(x))
+    assert MoE.fused_on_cuda
+    with dispatch(SORTED):
+        assert not MoE.fused_on_cuda
+        with dispatch(FUSED):
+            assert MoE.fused_on_cuda
+        assert not MoE.fused_on_cuda
+    assert MoE.fused_on_cuda

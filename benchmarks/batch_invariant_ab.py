@@ -1,0 +1,38 @@
+"""Batch-invariant numerics, A/B in one process: tok/s of the same workload with the engine's
+batch-invariant GEMMs and norms (triton_kernels/batch_invariant_matmul.py, rms_norm.py: a row's bits
+never depend on the batch, so greedy DDTree equals AR) against the vendor's (cuBLAS and PyTorch's
+reductions, picked by row count: `--no-batch-invariant`). Each decodes its own tokens (rounding
+differs), the same in every round. The method: benchmarks/serving_ab.py.
+
+    python benchmarks/batch_invariant_ab.py [--model k2-layer] [--concurrency 32] [--builder gpu] [--rounds 3]
+
+Prints one row per run and writes JSON (default benchmarks/results/batch_invariant_ab.json).
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.serving_ab import switch_ab  # noqa: E402
+from engine.errors import EngineError  # noqa: E402
+from engine.model import plain_matmuls  # noqa: E402
+
+VENDOR, INVARIANT = "vendor", "invariant"
+
+
+@contextmanager
+def numerics(variant: str):
+    with plain_matmuls() if variant == VENDOR else nullcontext():
+        yield
+
+
+if __name__ == "__main__":
+    try:
+        switch_ab("batch_invariant_ab", __doc__.splitlines()[0], "numerics", (VENDOR, INVARIANT), numerics,
+                  same_numerics=False)
+    except EngineError as error:
+        sys.exit(f"batch_invariant_ab: {error}")

@@ -1,0 +1,111 @@
+"""batch_invariant_linear / batch_invariant_per_head vs a float64 product, and a row's bits alone vs
+inside batches of other rows.
+
+Where each dtype runs: in the Triton interpreter on the CPU, float32 (IEEE products: ~1e-5 against
+float64) and float16 (the interpreter's bf16 `tl.dot` is broken); the `gpu` tests run bfloat16
+(~1e-2) at Kimi K2's projection shapes, compiled, and check a row's bits inside batches of 1 to
+1,088 rows, the decode range (bs x (1 + budget) of the serving runs).
+"""
+
+import pytest
+import torch
+
+from triton_kernels.batch_invariant_matmul import batch_invariant_linear, batch_invariant_per_head, tiles_for
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collection (the id replays it)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def random(shape, dtype, gen, scale=1.0):
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("m, n, k", [(1, 40, 70), (37, 72, 130), (65, 33, 64)])  # tails in every dim
+def test_linear_matches_float64(seed, dtype, tolerance, m, n, k):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = random((m, k), dtype, gen), random((n, k), dtype, gen, k ** -0.5)
+    assert relative_error(batch_invariant_linear(x, w), x.double() @ w.double().T) < tolerance
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_per_head_matches_float64_with_strided_weights(seed):
+    """MLA's absorbed query passes W_UK transposed (a non-contiguous view): any strides work."""
+    gen = torch.Generator().manual_seed(seed)
+    x = random((3, 5, 4, 24), torch.float32, gen)
+    w = random((4, 40, 24), torch.float32, gen).transpose(1, 2).contiguous().transpose(1, 2)  # [4, 40, 24], strided
+    assert not w.is_contiguous()
+    want = torch.einsum("...ha,hba->...hb", x.double(), w.double())
+    got = batch_invariant_per_head(x, w)
+    assert got.shape == (3, 5, 4, 40) and relative_error(got, want) < 1e-5
+
+
+def test_a_row_alone_equals_the_row_in_a_batch_cpu():
+    """In the interpreter `tl.dot` is numpy's matmul, whose BLAS treats a tile's edge rows its own
+    way, so here a row is compared at the same place in its tile (row 0 of batches of every size,
+    and rows that start a tile); the `gpu` test also moves a row to another place in its tile."""
+    gen = torch.Generator().manual_seed(4)
+    x, w = random((70, 96), torch.float32, gen), random((48, 96), torch.float32, gen)
+    block_m = tiles_for(48, 96, torch.float32).block_m
+    batch = batch_invariant_linear(x, w)
+    for m in (1, 2, 17, 33, 70):
+        assert torch.equal(batch_invariant_linear(x[:m], w)[0], batch[0]), m
+    for i in range(0, 70, block_m):
+        assert torch.equal(batch_invariant_linear(x[i:i + 5], w)[0], batch[i]), i
+
+
+def test_empty_and_mismatched_inputs():
+    w = torch.ones(8, 16, device=DEVICE)
+    assert batch_invariant_linear(torch.ones(0, 16, device=DEVICE), w).shape == (0, 8)
+    with pytest.raises(ValueError, match="do not chain"):
+        batch_invariant_linear(torch.ones(2, 15, device=DEVICE), w)
+    with pytest.raises(ValueError, match="must match"):
+        batch_invariant_linear(torch.ones(2, 16, dtype=torch.float64, device=DEVICE), w)
+
+
+def test_tiles_never_depend_on_the_row_count():
+    """The tiling is a function of (N, K, dtype): it takes no M at all."""
+    import inspect
+
+    assert list(inspect.signature(tiles_for).parameters) == ["n", "k", "dtype"]
+
+
+# Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
+# gate/up and down (shared expert), a slice of lm_head's vocabulary, the router (float32).
+K2_SHAPES = [(1536, 7168), (64 * 192, 1536), (576, 7168), (64 * 256, 512), (7168, 64 * 128), (18432, 7168),
+             (7168, 18432), (2048, 7168), (7168, 2048), (32768, 7168)]
+DECODE_ROWS = [1, 8, 17, 64, 136, 544, 1088]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", K2_SHAPES)
+def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k):
+    gen = torch.Generator().manual_seed(n + k)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    full = batch_invariant_linear(x, w)
+    assert relative_error(full, x.double() @ w.double().T) < 1e-2
+    for m in DECODE_ROWS:  # row 0 alone and inside every batch size; the last row of each batch too
+        assert torch.equal(batch_invariant_linear(x[:m], w)[0], full[0]), m
+        assert torch.equal(batch_invariant_linear(x[m - 1:m], w)[0], full[m - 1]), m
+
+
+@pytest.mark.gpu
+def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu():
+    gen = torch.Generator().manual_seed(9)
+    router = random((384, 7168), torch.float32, gen, 7168 ** -0.5)
+    x = random((1088, 7168), torch.float32, gen)
+    full = batch_invariant_linear(x, router)
+    assert relative_error(full, x.double() @ router.double().T) < 1e-5
+    heads = random((64, 512, 128), torch.bfloat16, gen, 128 ** -0.5)  # W_UK^T per head
+    q = random((1088, 64, 128), torch.bfloat16, gen)
+    full_q = batch_invariant_per_head(q, heads)
+    assert relative_error(full_q, torch.einsum("mha,hba->mhb", q.double(), heads.double())) < 1e-2
+    for m in DECODE_ROWS:
+        assert torch.equal(batch_invariant_linear(x[:m], router)[0], full[0]), m
+        assert torch.equal(batch_invariant_per_head(q[:m], heads)[0], full_q[0]), m
