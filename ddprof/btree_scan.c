@@ -241,7 +241,8 @@ static int read_cell(struct scan *s, const u8 *cell, const u8 *page_end, struct 
             int integer = t <= 6 || t == 8 || t == 9;
             if (mode == MODE_INT && !integer)
                 return fail(s, "non-integer value in an integer column at rowid", (i64)rowid);
-            if (mode == MODE_REAL && !integer && t != 7) return fail(s, "non-numeric value in a real column at rowid", (i64)rowid);
+            if (mode == MODE_REAL && !integer && t != 7)
+                return fail(s, "non-numeric value in a real column at rowid", (i64)rowid);
             if (mode == MODE_TEXT && t < 12) return fail(s, "non-text value in a text column at rowid", (i64)rowid);
             if (mode == MODE_REAL && integer) {
                 union { double d; i64 bits; } real = {(double)v};

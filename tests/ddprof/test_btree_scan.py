@@ -129,7 +129,8 @@ def test_every_column_of_a_real_export_reads_as_sqlite3_reads_it(table):
         if kind == NULLABLE_INT:
             assert values[j].tolist() == [row[j] or 0 for row in expected]
         if kind in (TEXT, REAL):
-            read = [(texts[v] if kind == TEXT else v) if has else None for v, has in zip(values[j].tolist(), present[j])]
+            read = [(texts[v] if kind == TEXT else v) if has else None
+                    for v, has in zip(values[j].tolist(), present[j])]
             assert read == [row[j] for row in expected]
         if columns[j][0] != ROWID:
             assert present[j].tolist() == [row[j] is not None for row in expected]

@@ -188,7 +188,8 @@ def test_inline_and_mixed_names_load_to_the_frames_of_registered_ones(tmp_path, 
     registered = load(example(schema).write(tmp_path / "registered.sqlite"))
     path = example(schema, names).write(tmp_path / f"{names}.sqlite")
     with sqlite3.connect(path) as db:
-        inline, by_id = db.execute("SELECT count(text), count(textId) FROM NVTX_EVENTS WHERE eventType != 75").fetchone()
+        inline, by_id = db.execute("SELECT count(text), count(textId) FROM NVTX_EVENTS "
+                                   "WHERE eventType != 75").fetchone()  # not the domain creations
     assert inline > 0 and (by_id > 0) == (names == "mixed")  # the file holds what it claims to
     other = load(path)
     for name in ("ranges", "marks", "incomplete", "gpu_ops", "runtime"):
