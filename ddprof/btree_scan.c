@@ -10,16 +10,20 @@
  * the checks are the main job of this code. No libc: it builds with any C compiler and -nostdlib.
  *
  * Column modes: INT reads an integer column (NULL reads as 0; a real, text or blob value is an
- * error); ANY accepts any value. Per column the caller asks for its values, whether each is
- * present (not NULL), or both (a NULL output pointer skips one). Column index -1 is the rowid (an
- * INTEGER PRIMARY KEY column is stored as NULL in the record and means it too).
+ * error); ANY accepts any value; REAL reads a number as a double (its bits in the int64 output);
+ * TEXT reads a text column as codes into a dictionary of its distinct values, which the caller
+ * decodes once each: a million rows that name a few dozen ranges cost a hash each, never a
+ * string each. Per column the caller asks for its values, whether each is present (not NULL), or
+ * both (a NULL output pointer skips one). Column index -1 is the rowid (an INTEGER PRIMARY KEY
+ * column is stored as NULL in the record and means it too).
  */
 
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned char u8;
 
-enum { MODE_INT = 0, MODE_ANY = 1 };
+enum { MODE_INT = 0, MODE_ANY = 1, MODE_REAL = 2, MODE_TEXT = 3 };
+enum { DICTIONARY_FULL = -2 };  /* scan_table's answer when the dictionary's bytes ran out */
 enum { LEAF_TABLE = 13, INTERIOR_TABLE = 5, MAX_DEPTH = 64, MAX_COLUMNS = 64 };
 
 struct scan {
@@ -46,6 +50,19 @@ static int fail(struct scan *s, const char *what, i64 number) {
     s->err[n] = 0;
     return -1;
 }
+
+/* The distinct values of a scan's text columns. Entry k's bytes are bytes[offsets[k], offsets[k+1]);
+ * slots is an open-addressing hash table of entry + 1 (0: empty), with more slots than entries can
+ * be made (twice as many keeps probes short), so that a probe always ends. The caller sizes it all. */
+struct dictionary {
+    i64 *slots;
+    i64 n_slots;          /* a power of two */
+    i64 *offsets;         /* max_entries + 1 of them; offsets[0] = 0 */
+    i64 max_entries;
+    u8 *bytes;
+    i64 bytes_size;
+    i64 entries;          /* in and out: entries made so far */
+};
 
 static u64 big_endian(const u8 *p, int bytes) {
     u64 v = 0;
@@ -94,6 +111,30 @@ static int payload_bytes(struct scan *s, const u8 *here, i64 local, u64 overflow
     return 0;
 }
 
+/* The code of text `p[0, n)` in the dictionary, made when new; DICTIONARY_FULL when its bytes are out. */
+static i64 intern(struct dictionary *d, const u8 *p, i64 n) {
+    u64 hash = 14695981039346656037ull;          /* FNV-1a */
+    for (i64 i = 0; i < n; i++) hash = (hash ^ p[i]) * 1099511628211ull;
+    u64 mask = (u64)d->n_slots - 1;
+    for (u64 slot = hash & mask;; slot = (slot + 1) & mask) {
+        i64 entry = d->slots[slot] - 1;
+        if (entry < 0) break;
+        const u8 *known = d->bytes + d->offsets[entry];
+        if (d->offsets[entry + 1] - d->offsets[entry] != n) continue;
+        i64 i = 0;
+        while (i < n && known[i] == p[i]) i++;
+        if (i == n) return entry;
+    }
+    i64 at = d->offsets[d->entries];
+    if (d->entries >= d->max_entries || n > d->bytes_size - at) return DICTIONARY_FULL;
+    for (i64 i = 0; i < n; i++) d->bytes[at + i] = p[i];
+    for (u64 slot = hash & mask;; slot = (slot + 1) & mask) {
+        if (!d->slots[slot]) { d->slots[slot] = d->entries + 1; break; }
+    }
+    d->offsets[d->entries + 1] = at + n;
+    return d->entries++;
+}
+
 struct columns {
     int n;
     const int *index;     /* record column, or -1 for the rowid */
@@ -104,6 +145,7 @@ struct columns {
     u8 **present;         /* present[j] NULL: not asked for */
     u8 *scratch;          /* payload bytes of a row that spills into overflow pages */
     i64 scratch_size;
+    struct dictionary *texts;  /* where MODE_TEXT columns put their values */
 };
 
 /* Decode one leaf cell into row `row` of the output columns. */
@@ -153,8 +195,10 @@ static int read_cell(struct scan *s, const u8 *cell, const u8 *page_end, struct 
         if (!k) return fail(s, "bad record header in page", (i64)page_no);
         static const u8 int_bytes[10] = {0, 1, 2, 3, 4, 6, 8, 8, 0, 0};
         u64 t = type[columns];
-        offset[columns] = body;
-        body += t < 10 ? int_bytes[t] : t >= 12 ? (i64)((t - 12) / 2) : 0;
+        u64 length = t < 10 ? int_bytes[t] : t >= 12 ? (t - 12) / 2 : 0;
+        if (length > size) return fail(s, "record longer than its cell in page", (i64)page_no);
+        offset[columns] = body;     /* the sum stays below 65 cell sizes: no overflow */
+        body += (i64)length;
         p += k;
         columns++;
     }
@@ -168,21 +212,42 @@ static int read_cell(struct scan *s, const u8 *cell, const u8 *page_end, struct 
     for (int j = 0; j < c->n; j++) {
         int col = c->index[j];
         u64 t = col >= 0 && col < columns ? type[col] : 0;   /* absent: added later by ALTER TABLE */
+        int mode = c->mode[j];
         i64 v = 0;
         if (col < 0) {
             v = (i64)rowid;
             t = 1;
-        } else if (t >= 1 && t <= 6) {
-            static const u8 bytes[7] = {0, 1, 2, 3, 4, 6, 8};
-            int b = bytes[t];
+        } else if ((t >= 1 && t <= 7) || (t >= 12 && mode == MODE_TEXT)) {
+            static const u8 bytes[8] = {0, 1, 2, 3, 4, 6, 8, 8};
+            i64 b = t <= 7 ? bytes[t] : (i64)((t - 12) / 2);
             if (offset[col] + b > available) return fail(s, "value past the end of its record in page", (i64)page_no);
-            u64 raw = big_endian(record + offset[col], b);
-            int shift = 64 - 8 * b;
-            v = shift ? (i64)(raw << shift) >> shift : (i64)raw;     /* sign-extend */
+            if (t >= 12) {
+                if (!(t & 1)) return fail(s, "blob in a text column at rowid", (i64)rowid);
+                if (c->values[j]) {   /* presence alone: nothing to intern */
+                    v = intern(c->texts, record + offset[col], b);
+                    if (v < 0) return (int)v;
+                }
+            } else if (t < 7) {
+                u64 raw = big_endian(record + offset[col], (int)b);
+                int shift = 64 - 8 * (int)b;
+                v = shift ? (i64)(raw << shift) >> shift : (i64)raw;     /* sign-extend */
+            } else {
+                v = (i64)big_endian(record + offset[col], 8);           /* a double's bits */
+            }
         } else if (t == 8 || t == 9) {
             v = (i64)t - 8;
-        } else if (t != 0 && c->mode[j] == MODE_INT) {
-            return fail(s, "non-integer value in an integer column at rowid", (i64)rowid);
+        }
+        if (t != 0 && mode != MODE_ANY) {
+            int integer = t <= 6 || t == 8 || t == 9;
+            if (mode == MODE_INT && !integer)
+                return fail(s, "non-integer value in an integer column at rowid", (i64)rowid);
+            if (mode == MODE_REAL && !integer && t != 7)
+                return fail(s, "non-numeric value in a real column at rowid", (i64)rowid);
+            if (mode == MODE_TEXT && t < 12) return fail(s, "non-text value in a text column at rowid", (i64)rowid);
+            if (mode == MODE_REAL && integer) {
+                union { double d; i64 bits; } real = {(double)v};
+                v = real.bits;
+            }
         }
         if (c->values[j]) c->values[j][row] = v;
         if (c->present[j]) c->present[j][row] = t != 0;
@@ -190,16 +255,21 @@ static int read_cell(struct scan *s, const u8 *cell, const u8 *page_end, struct 
     return 0;
 }
 
-/* Walk the table B-tree rooted at `root` in rowid order; returns the number of rows, or -1. */
+/* Walk the table B-tree rooted at `root` in rowid order; returns the number of rows, -1 (err says
+ * why) or DICTIONARY_FULL (call again with more dictionary bytes). */
 i64 scan_table(const u8 *file, i64 file_size, i64 page_size, i64 reserved, i64 root,
                int n_columns, const int *index, const int *mode, i64 capacity,
-               i64 **values, u8 **present, u8 *scratch, i64 scratch_size, char *err, int err_size) {
+               i64 **values, u8 **present, u8 *scratch, i64 scratch_size, struct dictionary *texts,
+               char *err, int err_size) {
     struct scan s = {file, 0, page_size, page_size - reserved, 0, err, err_size};
-    struct columns c = {n_columns, index, mode, -1, capacity, values, present, scratch, scratch_size};
+    struct columns c = {n_columns, index, mode, -1, capacity, values, present, scratch, scratch_size, texts};
     if (page_size < 512 || s.usable < 480) return fail(&s, "unsupported page size", page_size);
     s.n_pages = file_size / page_size;
     if (n_columns > MAX_COLUMNS) return fail(&s, "too many columns:", n_columns);
     for (int j = 0; j < n_columns; j++) {
+        if (mode[j] == MODE_TEXT && values && values[j] &&
+            (!texts || texts->n_slots <= texts->max_entries || texts->n_slots & (texts->n_slots - 1)))
+            return fail(&s, "a text column needs a dictionary with more slots (a power of two) than entries", -1);
         if (index[j] >= MAX_COLUMNS) return fail(&s, "column index too large:", index[j]);
         if (index[j] > c.last) c.last = index[j];
     }
@@ -234,7 +304,8 @@ i64 scan_table(const u8 *file, i64 file_size, i64 page_size, i64 reserved, i64 r
                 if (at < pointers + 2 * n_cells - page || page + at >= page_end)
                     return fail(&s, "cell pointer out of page", (i64)number);
                 if (rows >= capacity) return fail(&s, "more rows than counted in page", (i64)number);
-                if (read_cell(&s, page + at, page_end, &c, rows, number)) return -1;
+                int failed = read_cell(&s, page + at, page_end, &c, rows, number);
+                if (failed) return failed;
                 rows++;
             }
             depth--;

@@ -18,6 +18,7 @@ from rich.table import Table
 from ddprof import __version__, process_settings
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.errors import DdprofError
+from ddprof.gate import FIELDS_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Profile DDTree speculative decoding under Nsight Systems.")
@@ -177,6 +178,11 @@ def gaps(
         console.print(gaps_view(result))
 
 
+_FAIL_IF_HELP = ("A regression rule, 'FIELD < N%' or 'FIELD > N%' (repeatable): B regresses when the whole "
+                 "bootstrap CI of FIELD's change from A lies past N%, e.g. 'tok_per_s < -3%', 'verify.crit_ms > +5%'. "
+                 f"Fields (breakdown --json keys; all but tok_per_s per step): {FIELDS_HELP}.")
+
+
 @app.command()
 def compare(
     a: Path = typer.Argument(..., readable=False, help="Run A (the baseline): .sqlite or .nsys-rep."),
@@ -188,13 +194,20 @@ def compare(
     resamples: int = typer.Option(2000, help="Bootstrap resamples of steps."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
+    fail_if: list[str] = typer.Option(None, "--fail-if", help=_FAIL_IF_HELP),
 ) -> None:
-    """Per-stage deltas (ms per step, bootstrap CIs over steps) and the tok/s ratio of B over A."""
+    """Per-stage deltas (ms per step, bootstrap CIs over steps) and the tok/s ratio of B over A.
+
+    With --fail-if it is a regression gate: exit 0 when no rule flags a regression, 1 when one
+    does (each named in one line), 2 on bad input or a bad rule.
+    """
     from ddprof.compare import MAX_RESAMPLES
     from ddprof.compare import compare as compare_runs
+    from ddprof.gate import describe, parse_rule
     from ddprof.pipeline import PHASES
     from ddprof.report import compare_view, phases
 
+    rules = [parse_rule(text) for text in fail_if or ()]  # a bad rule fails before the traces are read
     if not 1 <= resamples <= MAX_RESAMPLES:
         raise DdprofError(f"--resamples must be between 1 and {MAX_RESAMPLES:,} (got {resamples})")
     if seed < 0:
@@ -205,11 +218,16 @@ def compare(
         _, run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
         _, run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
         advance("bootstrapping")
-        result = compare_runs(run_a, run_b, summary_a, summary_b, resamples=resamples, seed=seed)
+        result = compare_runs(run_a, run_b, summary_a, summary_b, resamples=resamples, seed=seed, fail_if=rules)
     if as_json:
         print(json.dumps(result))
     else:
         console.print(compare_view(result))
+    regressions = [v for v in result["verdicts"] if v["regression"]]
+    for v in regressions:
+        print(f"ddprof: regression: {describe(v, result['confidence'])}", file=sys.stderr)
+    if regressions:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, ROWID, MappedFile, ScanError, scan_table
+from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, REAL, ROWID, TEXT, MappedFile, ScanError, scan_table
 from ddprof.cache import cache_dir
 from ddprof.errors import DdprofError
 from ddprof.nsys import export_sqlite
@@ -99,6 +99,21 @@ def _check_sqlite_file(path: Path) -> None:
                           f"{path.name} 'PRAGMA wal_checkpoint') or export again")
 
 
+_DTYPES = {INT: pl.Int64, NULLABLE_INT: pl.Int64, PRESENCE: pl.Boolean, REAL: pl.Float64, TEXT: pl.String}
+
+
+def _column(name: str, kind: str, value, has, texts: pl.Series) -> pl.Series:
+    """One scanned column as a Series: null where not present (a text column: its codes looked up)."""
+    if value is None:
+        return pl.Series(name, has)
+    if kind == TEXT and not has.any():  # the usual inline-name column of an export of registered names
+        return pl.repeat(None, has.size, dtype=pl.String, eager=True).alias(name)
+    series = pl.Series(name, value)
+    if has is not None and not has.all():
+        series = pl.select(pl.when(pl.Series(has)).then(series)).to_series()
+    return texts.gather(series).alias(name) if kind == TEXT else series
+
+
 class ExportDb:
     """A read-only connection to one export, which knows its tables and their columns."""
 
@@ -150,25 +165,28 @@ class ExportDb:
         return present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"
 
     def table_frame(self, table: str, columns: dict[str, str], nullable: frozenset[str] | set[str] = frozenset(),
-                    present: frozenset[str] | set[str] = frozenset()) -> Future[pl.DataFrame]:
+                    present: frozenset[str] | set[str] = frozenset(), real: frozenset[str] | set[str] = frozenset(),
+                    text: frozenset[str] | set[str] = frozenset()) -> Future[pl.DataFrame]:
         """Start reading columns of a big table (output name -> column name, or "rowid") in rowid
         order; the future's result is the frame.
 
         The table's B-tree pages are decoded by ddprof.btree_scan on a reader thread of its own, so
         the big tables are read at once. Columns are Int64: NULL stays null in `nullable` columns
         and reads as 0 in the others (which must never be NULL); `present` columns are Boolean,
-        whether the value (of any type) is not NULL. A column the table lacks is all null (False
-        for `present`); an absent table is an empty frame.
+        whether the value (of any type) is not NULL; `real` columns are Float64 and `text` columns
+        String, both null where NULL. A column the table lacks is all null (False for `present`);
+        an absent table is an empty frame.
         """
-        schema = {name: pl.Boolean if name in present else pl.Int64 for name in columns}
+        kinds = {name: PRESENCE if name in present else REAL if name in real else TEXT if name in text else
+                 NULLABLE_INT if name in nullable else INT for name in columns}
+        schema = {name: _DTYPES[kind] for name, kind in kinds.items()}
         if table not in self.tables:
             done: Future[pl.DataFrame] = Future()
             done.set_result(pl.DataFrame(schema=schema))
             return done
         root, layout = self._layout(table)
         asked = {name: layout[column] for name, column in columns.items() if column in layout}
-        spec = [(index, PRESENCE if name in present else NULLABLE_INT if name in nullable else INT)
-                for name, index in asked.items()]
+        spec = [(index, kinds[name]) for name, index in asked.items()]
         return self._readers.submit(self._scan, table, root, spec, list(asked), schema)
 
     def _layout(self, table: str) -> tuple[int, dict[str, int]]:
@@ -189,16 +207,16 @@ class ExportDb:
     def _scan(self, table: str, root: int, spec: list[tuple[int, str]], names: list[str],
               schema: dict[str, pl.DataType]) -> pl.DataFrame:
         try:
-            rows, values, found = scan_table(self._pages, root, spec)
+            scan = scan_table(self._pages, root, spec)
         except ScanError as exc:
             raise DdprofError(f"{self.path}: unreadable SQLite export (table {table}: {exc})") from None
-        read = {name: (pl.Series(name, has) if value is None else
-                       pl.Series(name, value) if has is None or has.all() else
-                       pl.select(pl.when(pl.Series(has)).then(pl.Series(name, value))).to_series())
-                for name, value, has in zip(names, values, found)}
+        texts = pl.Series(scan.texts, dtype=pl.String)
+        read = {name: _column(name, kind, value, has, texts)
+                for name, (_, kind), value, has in zip(names, spec, scan.values, scan.present)}
         # A column the table lacks holds no value: null, and False where only presence was asked.
         return pl.DataFrame([read[name] if name in read else
-                             pl.repeat(False if dtype == pl.Boolean else None, rows, dtype=dtype, eager=True).alias(name)
+                             pl.repeat(False if dtype == pl.Boolean else None, scan.rows, dtype=dtype,
+                                       eager=True).alias(name)
                              for name, dtype in schema.items()])
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:

@@ -31,9 +31,8 @@ PAGEABLE = 0  # a memcpy's dstKind / srcKind (ENUM_CUDA_MEM_KIND): pageable host
 
 _ID_SPAN = 1 << 24  # globalTid packs pid and tid in 24-bit fields
 _KEY_SPAN = 1 << 32  # correlation ids are 32-bit
-_LOOKUP_SHARE = 8  # rare NVTX values are looked up by row id when at most 1 event in this many has one
 _INT_PAYLOADS = ("int64Value", "uint64Value", "int32Value", "uint32Value")  # NVTX's payload union, by type
-_RARE_VALUES = ("text", "doubleValue", "floatValue")  # inline name and float payloads: almost always NULL
+_FLOAT_PAYLOADS = ("doubleValue", "floatValue")
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def load(path: Path) -> Trace:
         runtime = _runtime_calls(calls.result(), strings)
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
         events = _nvtx_events(events.result())
-        ranges, marks, incomplete = _nvtx_frames(events, _rare_nvtx_values(db, events), strings, duration)
+        ranges, marks, incomplete = _nvtx_frames(events, strings, duration)
     reversed_ranges = ranges.filter(pl.col("end") < pl.col("start"))
     if reversed_ranges.height:
         first = reversed_ranges.row(0, named=True)
@@ -128,41 +127,23 @@ def _thread_of(column: str) -> list[pl.Expr]:
 
 def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
     """Every NVTX event in one pass (ranges, marks and domain creations alike): the integer columns,
-    and whether the rare inline name and float payload are present."""
+    the inline name (`text`, where the application registered no string) and the float payloads."""
     payloads = {f"payload_{i}": column for i, column in enumerate(_INT_PAYLOADS)}
-    rare = {f"has_{column}": column for column in _RARE_VALUES}
+    floats = {f"float_{i}": column for i, column in enumerate(_FLOAT_PAYLOADS)}
     return db.table_frame("NVTX_EVENTS", {
-        "rowid": "rowid", "start": "start", "end": "end", "event_type": "eventType", "text_id": "textId",
-        "domain_id": "domainId", "global_tid": "globalTid", "end_global_tid": "endGlobalTid", **payloads, **rare},
-        nullable={"end", "text_id", "domain_id", "end_global_tid", *payloads}, present=set(rare))
+        "start": "start", "end": "end", "event_type": "eventType", "text_id": "textId", "text": "text",
+        "domain_id": "domainId", "global_tid": "globalTid", "end_global_tid": "endGlobalTid", **payloads, **floats},
+        nullable={"end", "text_id", "domain_id", "end_global_tid", *payloads}, real=set(floats), text={"text"})
 
 
 def _nvtx_events(raw: pl.DataFrame) -> pl.DataFrame:
-    """One row per event: `payload` the first integer payload present, `ended_elsewhere` for a range
-    that ends on another thread, `row` the row id of the events with a rare value (null elsewhere)."""
-    rare = pl.any_horizontal(pl.col(f"has_{column}") for column in _RARE_VALUES)
+    """One row per event: `payload` the first integer payload present, `payload_float` the first
+    float one, `ended_elsewhere` for a range that ends on another thread."""
     return raw.select(
-        row=pl.when(rare).then(pl.col("rowid")), start="start", end="end", event_type="event_type",
-        text_id="text_id", domain_id="domain_id", global_tid="global_tid",
+        "start", "end", "event_type", "text_id", "text", "domain_id", "global_tid",
         payload=pl.coalesce(f"payload_{i}" for i in range(len(_INT_PAYLOADS))),
+        payload_float=pl.coalesce(f"float_{i}" for i in range(len(_FLOAT_PAYLOADS))),
         ended_elsewhere=(pl.col("end_global_tid") != pl.col("global_tid")).fill_null(False))
-
-
-def _rare_nvtx_values(db: ExportDb, events: pl.DataFrame) -> pl.DataFrame:
-    """(row, text, payload_float) of the events with an inline name or a float payload: looked up
-    by row id when they are few (every export has a few, the domain creations with their inline
-    names), a second scan when they are many (a lookup costs several times a scanned row)."""
-    schema = {"row": pl.Int64, "text": pl.String, "payload_float": pl.Float64}
-    rows = events["row"].drop_nulls()
-    if rows.is_empty():
-        return pl.DataFrame(schema=schema)
-    table = "NVTX_EVENTS"
-    text, floats = db.col(table, "e", "text"), db.first_col(table, "e", _RARE_VALUES[1:])
-    if rows.len() * _LOOKUP_SHARE <= events.height:
-        where = f"e.rowid IN ({','.join(map(str, rows.to_list()))})"
-    else:
-        where = " OR ".join(f"{value} IS NOT NULL" for value in (text, floats) if value != "NULL")
-    return db.frame(f"SELECT e.rowid, {text}, {floats} FROM NVTX_EVENTS e WHERE {where}", schema)
 
 
 def _trace_duration(db: ExportDb) -> int | None:
@@ -173,7 +154,7 @@ def _trace_duration(db: ExportDb) -> int | None:
     return db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
 
 
-def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame,
+def _nvtx_frames(events: pl.DataFrame, strings: pl.DataFrame,
                  duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Closed ranges (flat), marks and incomplete ranges, with names, domains, pid and tid."""
     # nsys ends ranges still open at the trace's end there; trusted only when every NVTX event lies
@@ -182,19 +163,11 @@ def _nvtx_frames(events: pl.DataFrame, rare: pl.DataFrame, strings: pl.DataFrame
     trace_end = duration if duration is not None and latest is not None and latest <= duration else None
 
     def resolved(kinds: tuple[int, ...]) -> pl.LazyFrame:
-        """Events of `kinds` in scan order with pid, tid, name (registered string or inline
-        text), domain_id (0: the default domain) and their rare values."""
-        frame = (events.lazy().filter(pl.col("event_type").is_in(kinds))
-                 .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0),
-                               name=_text_of("text_id", strings)))
-        if not rare.height:
-            return frame.with_columns(payload_float=pl.lit(None, pl.Float64))
-
-        def rare_value(column: str) -> pl.Expr:
-            return pl.col("row").replace_strict(rare["row"], rare[column], default=None,
-                                                return_dtype=rare.schema[column])
-
-        return frame.with_columns(name=pl.coalesce(rare_value("text"), "name"), payload_float=rare_value("payload_float"))
+        """Events of `kinds` in scan order with pid, tid, name (inline text, else the registered
+        string) and domain_id (0: the default domain)."""
+        return (events.lazy().filter(pl.col("event_type").is_in(kinds))
+                .with_columns(*_thread_of("global_tid"), pl.col("domain_id").fill_null(0),
+                              name=pl.coalesce("text", _text_of("text_id", strings))))
 
     # A domain id means something only within the process that created it; the first creation counts.
     domains = (resolved((DOMAIN_CREATE,)).select(_domain_key(), "name")

@@ -148,4 +148,15 @@ def compare_view(result: dict) -> Group:
                       _num(row["crit_ms_per_step_delta"]), f"{_num(low)} … {_num(high)}",
                       *(gpu_cells if with_gpu else []),
                       f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
-    return Group(*lines, table)
+    return Group(*lines, table, *([_verdicts_table(result)] if result["verdicts"] else []))
+
+
+def _verdicts_table(result: dict) -> Table:
+    """The --fail-if rules: each field's change A -> B and its interval, and the verdict."""
+    table = _table(f"--fail-if: a regression only where the whole {result['confidence'] * 100:.0f}% CI of the change "
+                   "lies past the rule", ("rule", "A", "B", "change", "CI", "verdict"))
+    for v in result["verdicts"]:
+        low, high = (f"{end:+.2f}%" if end is not None else "unbounded" for end in v["change_ci_pct"])
+        table.add_row(v["rule"], f"{v['a']:.6g}", f"{v['b']:.6g}", f"{v['change_pct']:+.2f}%", f"{low} … {high}",
+                      Text("REGRESSION", style="bold red") if v["regression"] else Text("pass", style="green"))
+    return table

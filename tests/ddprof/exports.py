@@ -4,7 +4,9 @@ The 2022.4 DDL below is copied from a real export made here (NVTX_EVENTS, String
 ANALYSIS_DETAILS) and from the column lists of that version's exporter (the CUPTI tables). The
 2025.3 variant reorders columns, adds the newer ones (binaryData, greenContextId, ...) and leaves
 out some optional NVTX columns, so a loader that reads by position or needs every column fails.
-Tables are created only when they get rows, as nsys does.
+Tables are created only when they get rows, as nsys does. Range and mark names are registered
+strings (`textId`, as this project's engine writes them), inline text (the `text` column, as
+`nvtxRangePushA` and `torch.cuda.nvtx` write them) or a mix of both, by the Export's `names`.
 
     export = Export()
     export.range("step", 0, 100)
@@ -79,11 +81,19 @@ def _create(db: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> Non
     db.execute(f"CREATE TABLE {table} ({spec})")
 
 
-class Export:
-    """Rows of one hand-built export; `write` turns them into an nsys-schema SQLite file."""
+NAME_ENCODINGS = ("registered", "inline", "mixed")
 
-    def __init__(self, schema: str = "2022.4"):
+
+class Export:
+    """Rows of one hand-built export; `write` turns them into an nsys-schema SQLite file.
+
+    names: how NVTX range and mark names are written, one of NAME_ENCODINGS ("mixed": every other
+    distinct name inline, as nsys writes when an application registers only some strings)."""
+
+    def __init__(self, schema: str = "2022.4", names: str = "registered"):
         self.schema = schema
+        self.names = names
+        self._distinct_names: dict[str, int] = {}
         self.strings: dict[str, int] = {}
         self.nvtx: list[dict] = []
         self.tables: dict[str, list[dict]] = {}
@@ -93,6 +103,13 @@ class Export:
 
     def string_id(self, value: str) -> int:
         return self.strings.setdefault(value, len(self.strings) + 1)
+
+    def _name(self, name: str, registered: bool | None) -> dict:
+        """The NVTX columns that hold `name`: textId, or text (`registered` None: as `names` says)."""
+        if registered is None:
+            order = self._distinct_names.setdefault(name, len(self._distinct_names))
+            registered = self.names == "registered" or (self.names == "mixed" and order % 2 == 0)
+        return dict(textId=self.string_id(name)) if registered else dict(text=name)
 
     def declare_domain(self, name: str, pid: int = 1, tid: int = 1, at: int = 0) -> int:
         """Create `name` in process `pid` (the next free id there) and return its domainId."""
@@ -107,11 +124,12 @@ class Export:
         return 0 if domain is None else self.declare_domain(domain, pid, tid, min(at, 0))
 
     def range(self, name: str, start: int, end: int | None, *, domain: str | None = DOMAIN, pid: int = 1,
-              tid: int = 1, start_end: bool = False, end_tid: int | None = None, registered: bool = True) -> None:
+              tid: int = 1, start_end: bool = False, end_tid: int | None = None,
+              registered: bool | None = None) -> None:
         """A push/pop range (or a start/end one, which may end on `end_tid`); end None: never closed."""
         row = dict(start=start, end=end, eventType=START_END if start_end else PUSH_POP,
-                   globalTid=global_tid(pid, tid), domainId=self._domain_id(domain, pid, tid, start), color=255)
-        row.update(textId=self.string_id(name)) if registered else row.update(text=name)
+                   globalTid=global_tid(pid, tid), domainId=self._domain_id(domain, pid, tid, start), color=255,
+                   **self._name(name, registered))
         if end_tid is not None:
             row["endGlobalTid"] = global_tid(pid, end_tid)
         if start_end:
@@ -120,8 +138,8 @@ class Export:
 
     def mark(self, name: str, time: int, payload: int | None = None, *, domain: str | None = DOMAIN,
              pid: int = 1, tid: int = 1, payload_column: str = "int64Value") -> None:
-        row = dict(start=time, eventType=MARK, textId=self.string_id(name), globalTid=global_tid(pid, tid),
-                   domainId=self._domain_id(domain, pid, tid, time))
+        row = dict(start=time, eventType=MARK, globalTid=global_tid(pid, tid),
+                   domainId=self._domain_id(domain, pid, tid, time), **self._name(name, None))
         if payload is not None:
             row[payload_column] = payload
         self.nvtx.append(row)
@@ -206,11 +224,12 @@ def write_tables(path: Path, schema: str, strings: dict[str, int], duration: int
     return path
 
 
-def example(schema: str) -> Export:
-    """A small, varied trace with known answers (see tests/ddprof/test_load.py), in either schema:
-    two steps in process 7 with CCCL ranges, kernels running into the next stage, a memcpy, a
-    memset, a synchronize, token marks; process 8 reuses process 7's domain ids the other way round."""
-    export = Export(schema)
+def example(schema: str, names: str = "registered") -> Export:
+    """A small, varied trace with known answers (see tests/ddprof/test_load.py), in either schema
+    and any of NAME_ENCODINGS: two steps in process 7 with CCCL ranges, kernels running into the
+    next stage, a memcpy, a memset, a synchronize, token marks; process 8 reuses process 7's domain
+    ids the other way round."""
+    export = Export(schema, names)
     export.declare_domain(DOMAIN, pid=7, tid=70)
     export.declare_domain("CCCL", pid=7, tid=70)
     export.declare_domain("CCCL", pid=8, tid=80)

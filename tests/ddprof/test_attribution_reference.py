@@ -15,7 +15,7 @@ from ddprof.analysis import breakdown
 from ddprof.attribution import attribute
 from ddprof.load import load
 from engine.stages import DOMAIN, STAGES, STEP, TOKENS_MARK
-from tests.ddprof.exports import DTOH, HTOD, Export
+from tests.ddprof.exports import DTOH, HTOD, NAME_ENCODINGS, Export
 
 SYNC = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"}
 
@@ -119,11 +119,11 @@ def reference(path) -> dict:
                 wall_ns=max(s["end"] for s in steps) - min(s["start"] for s in steps))
 
 
-def random_export(rng: np.random.Generator, schema: str) -> Export:
+def random_export(rng: np.random.Generator, schema: str, names: str = "registered") -> Export:
     """1-2 processes, 1-2 threads each, a few steps of overlapping and nested stage ranges, CCCL
     ranges with stage names, GPU ops launched inside and outside stages and running into later
     steps, sync calls and blocking copies, token marks in and out of the domain."""
-    export = Export(schema)
+    export = Export(schema, names)
     used = set()  # (pid, tid, start, end) of stage ranges: exact duplicates would tie
 
     for pid in range(1, rng.integers(1, 3) + 1):
@@ -190,6 +190,22 @@ def _check_against_reference(path) -> None:
     shares = [s["crit_share"] for s in summary["stages"]] + [summary["other_crit_share"]]
     assert sum(shares) == pytest.approx(1.0)
     assert sum(w["crit"] for w in expected["stages"].values()) == expected["step_ns"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_name_encoding_gives_the_breakdown_of_registered_names(seed, tmp_path):
+    """The same random trace written with registered, inline and mixed names (nsys writes each,
+    by how the application names its ranges): one breakdown, one per-step table."""
+    results = {}
+    for names in NAME_ENCODINGS:
+        path = random_export(np.random.default_rng(seed), "2025.3" if seed % 2 else "2022.4", names).write(
+            tmp_path / f"{names}.sqlite")
+        attribution = attribute(load(path))
+        results[names] = ({**breakdown(attribution), "source": None}, attribution.per_step)
+    (summary, per_step), *others = results.values()
+    assert summary["steps"] > 0
+    for other_summary, other_per_step in others:
+        assert other_summary == summary and other_per_step.equals(per_step)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -182,15 +182,33 @@ def test_bad_inputs_are_one_line_errors_naming_the_file(tmp_path, make, message)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("inline_every", [1, 2, 40])
-def test_inline_names_load_whether_looked_up_by_row_or_scanned(tmp_path, inline_every):
-    # Few events with inline values are looked up by row id, many by a second scan: same frames.
-    export = Export()
-    names = [f"r{i}" for i in range(80)]
+@pytest.mark.parametrize("schema", ["2022.4", "2025.3"])
+@pytest.mark.parametrize("names", ["inline", "mixed"])
+def test_inline_and_mixed_names_load_to_the_frames_of_registered_ones(tmp_path, schema, names):
+    registered = load(example(schema).write(tmp_path / "registered.sqlite"))
+    path = example(schema, names).write(tmp_path / f"{names}.sqlite")
+    with sqlite3.connect(path) as db:
+        inline, by_id = db.execute("SELECT count(text), count(textId) FROM NVTX_EVENTS "
+                                   "WHERE eventType != 75").fetchone()  # not the domain creations
+    assert inline > 0 and (by_id > 0) == (names == "mixed")  # the file holds what it claims to
+    other = load(path)
+    for name in ("ranges", "marks", "incomplete", "gpu_ops", "runtime"):
+        assert getattr(registered, name).equals(getattr(other, name)), name
+
+
+def test_unique_inline_names_and_float_payloads(tmp_path):
+    """Every range its own inline name (e.g. a step number in it), marks with float payloads."""
+    export = Export(names="inline")
+    names = [f"r{i} é" for i in range(5000)]
     for i, name in enumerate(names):
-        export.range(name, 10 * i, 10 * i + 5, registered=i % inline_every != 0)
-    export.range("elsewhere", 900, 950, start_end=True, end_tid=2)
+        export.range(name, 10 * i, 10 * i + 5)
+    export.range("elsewhere", 90_000, 90_050, start_end=True, end_tid=2)
+    export.mark("loss", 90_100, 0.25, payload_column="doubleValue")
+    export.mark("lr", 90_200, 3e-4, payload_column="floatValue")
+    export.mark("tokens", 90_300, 4)
     trace = load(export.write(tmp_path / "run.sqlite"))
     assert trace.ranges.sort("start")["name"].to_list() == names
     assert trace.ranges["domain"].unique().to_list() == [DOMAIN]
     assert trace.incomplete.select("name", "problem").rows() == [("elsewhere", "cross-thread")]
+    assert trace.marks.select("name", "payload", "payload_float").rows() == [
+        ("loss", None, 0.25), ("lr", None, pytest.approx(3e-4)), ("tokens", 4, None)]
