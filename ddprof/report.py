@@ -6,6 +6,9 @@ table and `--json` can never disagree.
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from rich import box
@@ -17,13 +20,72 @@ from rich.text import Text
 from ddprof.analysis import stage_row
 
 
-def progress_bar(*, counts: bool = False) -> Progress:
+def progress_bar(*, counts: bool = False, plain: bool = False) -> Progress | PlainProgress:
     """The progress bar of every long command: on stderr (stdout stays a table or JSON), gone when
-    done, off when stderr is not a terminal; `counts` shows "done/total" for counted work."""
+    done; `counts` shows "done/total" for counted work. When stderr is not a terminal (a log file,
+    CI) it is off, or with `plain` (the minutes-long capture and sweep) plain lines instead."""
     status = Console(stderr=True)
+    if plain and not status.is_terminal:
+        return PlainProgress(counts=counts)
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                *([MofNCompleteColumn()] if counts else []), TimeElapsedColumn()]
     return Progress(*columns, console=status, transient=True, disable=not status.is_terminal)
+
+
+def capture_progress(progress: Progress | PlainProgress, task, name: Callable[[], str]):
+    """The `on_progress(phase, done, total)` of ddprof.capture for `task`, e.g. "run: loading the
+    model", then "run: serving, requests done 17/128"; a phase without counts shows none."""
+    def on_progress(phase: str, done: int | None, total: int | None) -> None:
+        if done is None:
+            progress.reset(task, description=f"{name()}: {phase}", total=None)
+        else:
+            progress.update(task, description=f"{name()}: {phase}, requests done", completed=done, total=total)
+    return on_progress
+
+
+class PlainProgress:
+    """The calls of rich's Progress the commands make, as plain lines on stderr: one when a task's
+    description changes, and at most one per `every_s` seconds while only its count moves. A new
+    task says nothing until its first update (an argument error stays the only line on stderr)."""
+
+    def __init__(self, *, counts: bool, every_s: float = 10.0, stream=None, clock=time.monotonic):
+        self._counts, self._every_s, self._stream, self._clock = counts, every_s, stream or sys.stderr, clock
+        self._tasks: list[dict] = []
+        self._started = clock()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        self._tasks.append({"description": description, "completed": 0, "total": total, "said": None, "at": None})
+        return len(self._tasks) - 1
+
+    def update(self, task: int, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        state = self._tasks[task]
+        state.update({key: value for key, value in (("completed", completed), ("description", description),
+                                                    ("total", total)) if value is not None})  # None: unchanged
+        self._say(task)
+
+    def reset(self, task: int, *, description: str, total: float | None = None) -> None:
+        self._tasks[task].update(description=description, completed=0, total=total)
+        self._say(task)
+
+    def _say(self, task: int) -> None:
+        state, now = self._tasks[task], self._clock()
+        if not state["description"]:
+            return
+        text = state["description"]
+        if self._counts and state["total"]:
+            text += f" {state['completed']:.0f}/{state['total']:.0f}"
+        new_phase = state["said"] is None or state["said"][0] != state["description"]
+        if text == (state["said"] or ("", ""))[1] or not new_phase and now - state["at"] < self._every_s:
+            return
+        state["said"], state["at"] = (state["description"], text), now
+        print(f"[{now - self._started:6.1f} s] {text}", file=self._stream, flush=True)
 
 
 @contextmanager
