@@ -128,8 +128,8 @@ def _per_step(count: int | None, steps: int) -> str:
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 1))
-    for column in columns:
-        table.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right", no_wrap=True)
     return table
 
 
@@ -141,8 +141,11 @@ def breakdown_view(summary: dict) -> Group:
         (f"{summary['source']}\n", "bold"),
         f"{summary['steps']} steps · {_num(summary['tokens'], '{}')} tokens · {summary['wall_s']:.3f} s wall · "
         f"{rate} · ",
-        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
-    totals = _table("ms over all steps; crit = critical-path time the stage owns",
+        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)\n",
+        (f"tok/s = decode tokens / wall; the wall holds {_pct(summary['wall']['steps']['share'])} decode steps"
+         + ("" if summary["wall"]["prefill"] is None else f", {_pct(summary['wall']['prefill']['share'])} prefill"),
+         "dim"))
+    totals = _table("ms over all steps; crit = critical-path time the stage owns; % of step time",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
     detail = _table("host ms waiting on the GPU; GPU ops launched and waiting calls per step; crit ms per step; "
                     "tok/s if the stage cost 0 or only its GPU time",
@@ -158,13 +161,22 @@ def breakdown_view(summary: dict) -> Group:
                        _num(what_if["tok_per_s_if_gpu_only"]), style=style)
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
                    style="dim")
+    wall = summary["wall"]
+    basis = _table("the wall tok/s is over: first step start to last step end", ("wall", "ms", "% of wall"))
+    for label, key in (("decode steps", "steps"), ("prefill (between steps)", "prefill"),
+                       ("other between steps", "between_steps")):
+        part = wall[key]
+        basis.add_row(label, _num(None if part is None else part["ms"]), _pct(None if part is None else part["share"]))
+    basis.add_row("wall", _num(wall["ms"]), _pct(1.0), style="bold")
     notes = []
     if summary["tokens"] is None:
         notes.append("no token marks in this trace: tokens and tok/s are n/a (a stage map's `tokens` names the mark)")
     if not summary["gpu_activity"]:
         notes.append("no GPU activity in this trace: gpu and wait are n/a")
     notes += _dropped_note(summary["dropped_ranges"])
-    return Group(headline, totals, detail, *(Text(f"note: {n}", style="yellow") for n in notes))
+    if summary["wall"]["prefill"] is None:
+        notes.append("prefill is n/a: another engine's ranges (--stage-map) name no prefill")
+    return Group(headline, totals, detail, basis, *(Text(f"note: {n}", style="yellow") for n in notes))
 
 
 def gaps_view(result: dict) -> Group:

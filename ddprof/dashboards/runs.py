@@ -18,10 +18,9 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.load import Trace
 from ddprof.pipeline import analyse
 from ddprof.stage_map import StageMap
-from engine.stages import DOMAIN, PREFILL
+from ddprof.wall import prefills
 
 BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 UNKNOWN = "unknown"
@@ -115,14 +114,6 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
         trace, attribution, summary = analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
         runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map)))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
-
-
-def prefills(trace: Trace, stage_map: StageMap | None) -> pl.DataFrame:
-    """The engine's `prefill` ranges; none for another engine's trace (a --stage-map names no prefill)."""
-    ranges = trace.flat_ranges.select("pid", "tid", "start", "end")  # no nesting needed: flat is cheaper
-    if stage_map is not None and stage_map.domain != DOMAIN:
-        return ranges.clear()
-    return trace.flat_ranges.filter((pl.col("domain") == DOMAIN) & (pl.col("name") == PREFILL)).select(ranges.columns)
 
 
 def labelled(runs: Sequence[Run]) -> list[Run]:
