@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddprof.analysis import stage_row
+from ddprof.dashboards.runs import INTERPRETED_NOTE, interpreted_gpu_builder, read_metadata
 
 
 def progress_bar(*, counts: bool = False, plain: bool = False) -> Progress | PlainProgress:
@@ -222,4 +224,6 @@ def compare_view(result: dict) -> Group:
                       _num(row["crit_ms_per_step_delta"]), f"{_num(low)} … {_num(high)}",
                       *(gpu_cells if with_gpu else []),
                       f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
-    return Group(*lines, table)
+    notes = [f"{label.upper()} ({run['source']}): {INTERPRETED_NOTE}" for label, run in (("a", result["a"]), ("b", result["b"]))
+             if interpreted_gpu_builder(read_metadata(Path(run["source"])))]
+    return Group(*lines, table, *(Text(f"note: {n}", style="yellow") for n in notes))

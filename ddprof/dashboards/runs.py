@@ -68,8 +68,18 @@ class Run:
 
     @property
     def interpreted_gpu_builder(self) -> bool:
-        """A GPU-builder run captured on a CPU: its Triton kernel ran in the interpreter, not on a GPU."""
-        return self.setting("builder") == "gpu" and str(self.setting("device") or "").startswith("cpu")
+        return interpreted_gpu_builder(self.meta)
+
+
+INTERPRETED_NOTE = ("captured on a CPU, so the GPU builder's Triton kernel ran in Triton's interpreter "
+                    "(TRITON_INTERPRET=1); its tree_build times are interpreter times, far slower than the kernel "
+                    "on a GPU")
+
+
+def interpreted_gpu_builder(meta: dict | None) -> bool:
+    """A GPU-builder run captured on a CPU (by its capture metadata): its Triton kernel ran in the
+    interpreter, not on a GPU."""
+    return bool(meta) and meta.get("builder") == "gpu" and str(meta.get("device") or "").startswith("cpu")
 
 
 def metadata_path(trace: Path) -> Path:
@@ -157,9 +167,7 @@ def notes(runs: Sequence[Run]) -> list[str]:
                          "cross-thread step/stage ranges (--drop-incomplete)")
     interpreted = [run.label for run in runs if run.interpreted_gpu_builder]
     if interpreted:
-        found.append(f"{', '.join(interpreted)}: captured on a CPU, so the GPU builder's Triton kernel ran in "
-                     "Triton's interpreter (TRITON_INTERPRET=1); its tree_build times are interpreter times, "
-                     "far slower than the kernel on a GPU")
+        found.append(f"{', '.join(interpreted)}: {INTERPRETED_NOTE}")
     if not any(run.attribution.has_gpu_activity for run in runs):
         found.append("no CUDA activity in any trace (CPU captures): gpu_ms is n/a and the timeline's GPU lane "
                      "is empty")
