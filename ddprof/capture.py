@@ -8,7 +8,8 @@ three exist, so a failed capture never leaves files that look complete.
 nsys stores the profiled process's whole environment and its stdout inside the report, so the
 engine runs with an allowlisted environment and reports progress through a file, not stdout.
 Progress comes in named phases (PHASES): nsys starting (and Python importing torch under it), the
-engine loading its model and warming up, serving (requests done of total), exporting the SQLite.
+engine loading its model and warming up, serving (requests done of total), nsys writing its report
+once the last request is done, exporting the SQLite.
 
 Without CUDA the GPU builder's Triton kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set
 for the engine only): real, but far slower than on a GPU; the summary's device says `cpu`, and
@@ -50,8 +51,9 @@ ENV_ALLOWLIST = (
 )
 
 
-STARTING, LOADING, SERVING, EXPORTING = "starting nsys", "loading the model", "serving", "exporting the SQLite"
-PHASES = (STARTING, LOADING, SERVING, EXPORTING)
+STARTING, LOADING, SERVING = "starting nsys", "loading the model", "serving"
+WRITING, EXPORTING = "nsys writing the report", "exporting the SQLite"
+PHASES = (STARTING, LOADING, SERVING, WRITING, EXPORTING)
 # What `on_progress` receives: the phase, and for SERVING the requests done and their total.
 ProgressCallback = Callable[[str, int | None, int | None], None]
 
@@ -273,3 +275,7 @@ class _ProgressTail:
             if state != self._last and (changes_phase or index == len(new) - 1):
                 self._last = state
                 self._on_progress(*state)
+            if state[0] == SERVING and state[1] == state[2]:  # the engine is done; nsys writes the report
+                self._last = (WRITING, None, None)
+                self._on_progress(*self._last)
+                return

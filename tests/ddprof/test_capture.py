@@ -105,7 +105,7 @@ def test_progress_names_each_phase_and_counts_requests_up_to_the_total(run):
     phases = [phase for phase, _, _ in progress]
     # each phase once, in order (loading is short on the tiny model, but the engine writes it before any request)
     assert list(dict.fromkeys(phases)) == list(PHASES)
-    assert phases == sorted(phases, key=PHASES.index)
+    assert phases == sorted(phases, key=PHASES.index)  # nsys writes its report after the last request
     serving = [(done, total) for phase, done, total in progress if phase == SERVING]
     assert serving[0] == (0, REQUESTS) and serving[-1] == (REQUESTS, REQUESTS)
     assert [done for done, _ in serving] == sorted(done for done, _ in serving)
