@@ -7,6 +7,13 @@ three exist, so a failed capture never leaves files that look complete.
 
 nsys stores the profiled process's whole environment and its stdout inside the report, so the
 engine runs with an allowlisted environment and reports progress through a file, not stdout.
+Progress comes in named phases (PHASES): nsys starting (and Python importing torch under it), the
+engine loading its model and warming up, serving (requests done of total), nsys writing its report
+once the last request is done, exporting the SQLite.
+
+Without CUDA the GPU builder's Triton kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set
+for the engine only): real, but far slower than on a GPU; the summary's device says `cpu`, and
+every page and comparison of such a run says its tree_build times are interpreter times.
 """
 
 from __future__ import annotations
@@ -42,6 +49,13 @@ ENV_ALLOWLIST = (
     # Safety settings some GPU hosts require to stay set in every program they start.
     "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
 )
+
+
+STARTING, LOADING, SERVING = "starting nsys", "loading the model", "serving"
+WRITING, EXPORTING = "nsys writing the report", "exporting the SQLite"
+PHASES = (STARTING, LOADING, SERVING, WRITING, EXPORTING)
+# What `on_progress` receives: the phase, and for SERVING the requests done and their total.
+ProgressCallback = Callable[[str, int | None, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -98,10 +112,11 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
     return command + ["--summary", str(summary), "--progress", str(progress)]
 
 
-def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] | None = None) -> Capture:
+def capture(request: CaptureRequest, *, on_progress: ProgressCallback | None = None) -> Capture:
     """Serve `request` under nsys and write NAME.nsys-rep, NAME.sqlite and NAME.json.
 
-    `on_progress(done, total)` is called (from a helper thread) as requests finish.
+    `on_progress(phase, done, total)` is called as each phase starts and (from a helper thread) as
+    requests finish; `done` and `total` are None outside SERVING.
     """
     nsys = find_nsys()
     out = Path(request.out)
@@ -115,19 +130,23 @@ def capture(request: CaptureRequest, *, on_progress: Callable[[int, int], None] 
         raise
 
 
-def _capture_into(out: Path, request: CaptureRequest, nsys: Nsys,
-                  on_progress: Callable[[int, int], None] | None) -> Capture:
+def _capture_into(out: Path, request: CaptureRequest, nsys: Nsys, on_progress: ProgressCallback | None) -> Capture:
     """Profile in a hidden staging folder beside `out`, then publish the three files together."""
     device = "cuda" if cuda_available() else "cpu"
     env = allowlisted_env()
+    if request.builder == "gpu" and device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    report_phase = on_progress or (lambda phase, done, total: None)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.capturing-", dir=out.parent))
     try:
         summary_path, progress_path = staging / "summary.json", staging / "progress"
         command = serve_command(request, device, summary_path, progress_path)
         _check_arguments(command, env)
+        report_phase(STARTING, None, None)
         with _ProgressTail(progress_path, on_progress):
             report = profile(command, staging / out.name, trace="cuda,nvtx" if device == "cuda" else "nvtx",
                              timeout_s=request.timeout_s, env=env, nsys=nsys)
+        report_phase(EXPORTING, None, None)
         sqlite_path = export_sqlite(report, nsys=nsys)
         summary = _read_summary(summary_path)
         meta = _metadata(summary, nsys, trace_steps=_count_steps(sqlite_path, summary.get("steps")))
@@ -168,7 +187,7 @@ def _check_arguments(command: list[str], env: dict[str, str]) -> None:
         raise DdprofError("engine serve --check did not answer within 600 s") from None
     if done.returncode != 0:
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        raise DdprofError(lines[-1].removeprefix("error: ") if lines
+        raise DdprofError(lines[-1].removeprefix("engine: error: ") if lines
                           else f"engine serve --check failed (exit {done.returncode})")
 
 
@@ -216,17 +235,18 @@ def _publish(report: Path, sqlite_path: Path, staged_json: Path, out: Path, meta
 
 
 class _ProgressTail:
-    """Follows the engine's progress file ("done total" lines) and reports each change.
+    """Follows the engine's progress file ("loading", then "done total" lines) and reports each change.
 
     The engine runs as nsys's child with its stdout captured into the report, so a file is the
     one channel that reaches the user's terminal while the capture runs.
     """
 
-    def __init__(self, path: Path, on_progress: Callable[[int, int], None] | None, interval_s: float = 0.25):
+    def __init__(self, path: Path, on_progress: ProgressCallback | None, interval_s: float = 0.25):
         self._path, self._on_progress, self._interval_s = path, on_progress, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._last: tuple[int, int] | None = None
+        self._last: tuple[str, int | None, int | None] | None = None
+        self._read = 0  # complete lines already reported
 
     def __enter__(self) -> _ProgressTail:
         if self._on_progress:
@@ -244,14 +264,21 @@ class _ProgressTail:
             self._poll()
 
     def _poll(self) -> None:
+        """Report what the new complete lines say: every change of phase (a short phase is not
+        skipped between two polls), then the latest count."""
         try:
             lines = self._path.read_text().split("\n")
         except OSError:
             return
-        complete = [line for line in lines[:-1] if line.strip()]  # the last piece may be half-written
-        if not complete:
-            return
-        done, total = (int(v) for v in complete[-1].split())
-        if (done, total) != self._last:
-            self._last = (done, total)
-            self._on_progress(done, total)
+        complete = [line.split() for line in lines[:-1] if line.strip()]  # the last piece may be half-written
+        new, self._read = complete[self._read:], len(complete)
+        for index, line in enumerate(new):
+            state = (LOADING, None, None) if line == ["loading"] else (SERVING, int(line[0]), int(line[1]))
+            changes_phase = self._last is None or state[0] != self._last[0]
+            if state != self._last and (changes_phase or index == len(new) - 1):
+                self._last = state
+                self._on_progress(*state)
+            if state[0] == SERVING and state[1] == state[2]:  # the engine is done; nsys writes the report
+                self._last = (WRITING, None, None)
+                self._on_progress(*self._last)
+                return

@@ -19,8 +19,10 @@ from ddprof import __version__, process_settings
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.errors import DdprofError
 from ddprof.gate import FIELDS_HELP
+from ddprof.sweep_defaults import described
+from engine import serve_defaults
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Profile DDTree speculative decoding under Nsight Systems.")
 # Piped or redirected, rich would cut table cells at 80 columns; a file or pipe gets whole lines.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
@@ -71,13 +73,17 @@ BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default
 @app.command()
 def capture(
     workload: str = typer.Option(..., help="Workload generator: chat, code, long-context or fixed."),
-    concurrency: int = typer.Option(32, help="Requests in flight at once (continuous batching)."),
-    model: str = typer.Option(None, help="Model preset (default: the engine's default)."),
-    builder: str = typer.Option(None, help="Tree builder: cpu or gpu (default: the engine's)."),
-    budget: int = typer.Option(None, help="DDTree node budget per step (default: the engine's)."),
-    requests: int = typer.Option(None, help="Requests to serve (default: the engine's)."),
-    max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it (default: the engine's)."),
-    seed: int = typer.Option(None, help="Workload seed (default: the engine's)."),
+    concurrency: int = typer.Option(serve_defaults.DEFAULT_CONCURRENCY,
+                                    help="Requests in flight at once (continuous batching)."),
+    model: str = typer.Option(None, help=f"Model preset: tiny, small or k2-layer (default: "
+                                         f"{serve_defaults.DEFAULT_MODEL})."),
+    builder: str = typer.Option(None, help=f"Tree builder: cpu or gpu; without CUDA the gpu builder runs in "
+                                           f"Triton's interpreter (default: {serve_defaults.DEFAULT_BUILDER})."),
+    budget: int = typer.Option(None, help=f"DDTree node budget per step (default: {serve_defaults.DEFAULT_BUDGET})."),
+    requests: int = typer.Option(None, help=f"Requests to serve (default: {serve_defaults.DEFAULT_REQUESTS})."),
+    max_new_tokens: int = typer.Option(None, help="Longest answer; the workload's answer lengths are scaled to it "
+                                                  f"(default: {serve_defaults.DEFAULT_MAX_NEW_TOKENS})."),
+    seed: int = typer.Option(None, help=f"Workload seed (default: {serve_defaults.DEFAULT_SEED})."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
@@ -86,17 +92,16 @@ def capture(
     """Serve a workload under Nsight Systems; write the report, its SQLite export and a JSON summary."""
     from ddprof.capture import CaptureRequest
     from ddprof.capture import capture as run_capture
-    from ddprof.report import progress_bar
+    from ddprof.report import capture_progress, progress_bar
 
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
                              batch_invariant=batch_invariant, timeout_s=timeout)
 
-    with progress_bar(counts=True) as progress:
-        task = progress.add_task("capturing under nsys: requests done", total=None)
-        result = run_capture(request, on_progress=lambda done, total: progress.update(task, completed=done,
-                                                                                     total=total))
+    with progress_bar(counts=True, plain=True) as progress:
+        task = progress.add_task("capture: checking the arguments", total=None)
+        result = run_capture(request, on_progress=capture_progress(progress, task, lambda: "capture"))
     if as_json:
         print(json.dumps({**result.meta, "files": [str(result.report), str(result.sqlite),
                                                    str(result.json_path)]}))
@@ -108,6 +113,9 @@ def capture(
     console.print(table)
     console.print("tok_per_s: every generated token over the whole serving loop, prefills included "
                   "(ddprof breakdown: decode steps alone)", style="dim")
+    if result.meta.get("builder") == "gpu" and str(result.meta.get("device")).startswith("cpu"):
+        console.print("note: no CUDA here, so the gpu builder ran in Triton's interpreter (TRITON_INTERPRET=1): "
+                      "its tree_build times are interpreter times, not a GPU's", style="yellow")
     console.print(f"trace: {result.report}\nsqlite: {result.sqlite}\nsummary: {result.json_path}")
 
 
@@ -230,19 +238,30 @@ def compare(
         raise typer.Exit(1)
 
 
+_PLOTLY_HELP = ("Where the page gets plotly.js: inline (embedded, ~5 MB, opens offline), cdn (plotly's CDN, needs "
+                "the network) or FILE (a copy written there once, linked relative to the page).")
+
+
 @app.command()
 def dashboard(
-    traces: list[Path] = typer.Argument(..., readable=False,
+    inputs: list[Path] = typer.Argument(..., readable=False, metavar="TRACE_OR_AB...",
                                         help="Runs: .sqlite exports or .nsys-rep reports (NAME.json beside each, "
-                                             "from ddprof capture, says what ran)."),
-    out: Path = typer.Option(None, "--out", readable=False, help="HTML file to write (default: dashboards/NAME.html)."),
+                                             "from ddprof capture, says what ran); and A/B result files "
+                                             "(benchmarks/results/builder_ab_*.json, moe_dispatch_ab_*.json), "
+                                             "the paired evidence the headline quotes."),
+    out: Path = typer.Option(None, "--out", readable=False,
+                             help="HTML file to write (default: dashboards/NAME.html, NAME the trace's name, the "
+                                  "folder several traces share, else dashboard; an existing page is replaced, "
+                                  "and the output says so)."),
     window_steps: int = typer.Option(DEFAULT_WINDOW_STEPS, help="Consecutive steps in the step timeline."),
+    plotly_js: str = typer.Option("inline", "--plotly", help=_PLOTLY_HELP),
     stage_map: Path = typer.Option(None, "--stage-map", readable=False,
                                    help=_STAGE_MAP_HELP + " Applies to every trace."),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """One offline HTML page: step share, tok/s vs concurrency, step timeline, per-step distributions."""
+    """One HTML page: the answer in a headline, step share, tok/s vs concurrency, step timeline, per-step distributions."""
+    from ddprof.ab_results import split_inputs
     from ddprof.dashboards.page import default_path, prepare_dashboard_path, write_dashboard
     from ddprof.dashboards.runs import load_runs
     from ddprof.dashboards.terminal import describe, view
@@ -252,17 +271,19 @@ def dashboard(
 
     if window_steps < 1:
         raise DdprofError(f"--window-steps must be at least 1 (got {window_steps})")
+    traces, evidence = split_inputs(inputs)
     out = out or default_path(traces)
     prepare_dashboard_path(out)  # before the traces are read
+    replaced = out.exists()
     with phases(PHASES * len(traces) + 1) as advance:
         runs = load_runs(traces, StageMap.from_file(stage_map) if stage_map else None,
                          drop_incomplete=drop_incomplete, advance=advance)
         advance(f"writing {out}")
-        write_dashboard(runs, out, window_steps=window_steps)
+        write_dashboard(runs, out, evidence=evidence, window_steps=window_steps, plotly_js=plotly_js)
     if as_json:
-        print(json.dumps(describe(runs, out)))
+        print(json.dumps(describe(runs, out, evidence, replaced=replaced)))
     else:
-        console.print(view(runs, out))
+        console.print(view(runs, out, evidence, replaced=replaced))
 
 
 def _grid_values(flag: str, text: str | None, default: tuple, kind: type) -> tuple:
@@ -277,26 +298,31 @@ def _grid_values(flag: str, text: str | None, default: tuple, kind: type) -> tup
 
 @app.command()
 def sweep(
-    concurrency: str = typer.Option(None, help="Comma-separated concurrencies (default: 1,2,4 on a CPU; 1,8,32 on "
-                                               "a GPU)."),
-    builder: str = typer.Option(None, help="Comma-separated tree builders (default: cpu,gpu; without CUDA the "
-                                           "gpu builder runs in Triton's interpreter)."),
-    budget: str = typer.Option(None, help="Comma-separated DDTree node budgets (default: 8 on a CPU; 8,32 on a GPU)."),
+    concurrency: str = typer.Option(None, help=f"Comma-separated concurrencies (default: {described('concurrency')})."),
+    builder: str = typer.Option(None, help=f"Comma-separated tree builders (default: {described('builders')}; without "
+                                           "CUDA the gpu builder runs in Triton's interpreter)."),
+    budget: str = typer.Option(None, help=f"Comma-separated DDTree node budgets (default: {described('budgets')})."),
     workload: str = typer.Option("chat", help="Workload generator: chat, code, long-context or fixed."),
-    model: str = typer.Option(None, help="Model preset (default: tiny on a CPU, small on a GPU)."),
-    requests: int = typer.Option(None, help="Requests per capture (default: 8 on a CPU, 64 on a GPU)."),
-    max_new_tokens: int = typer.Option(None, help="Longest answer per request (default: 16 on a CPU, 64 on a GPU)."),
+    model: str = typer.Option(None, help=f"Model preset (default: {described('model')})."),
+    requests: int = typer.Option(None, help=f"Requests per capture (default: {described('requests')})."),
+    max_new_tokens: int = typer.Option(None, help=f"Longest answer per request (default: "
+                                                  f"{described('max_new_tokens')})."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
                                        help="Dashboard to write (default: dashboards/<out-dir name>.html)."),
+    ab: list[Path] = typer.Option(None, "--ab", readable=False, metavar="FILE",
+                                  help="An A/B result file (benchmarks/results/builder_ab_*.json) the headline quotes "
+                                       "beside the captures; repeatable."),
+    plotly_js: str = typer.Option("inline", "--plotly", help=_PLOTLY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Capture a concurrency x builder x budget grid, then write one dashboard of all the runs."""
+    from ddprof.ab_results import read_ab
     from ddprof.dashboards.terminal import describe, view
-    from ddprof.report import progress_bar
+    from ddprof.report import capture_progress, progress_bar
     from ddprof.sweep import Grid, defaults, run_sweep
 
     machine = defaults()
@@ -311,29 +337,36 @@ def sweep(
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed,
                 batch_invariant=batch_invariant, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
+    evidence = [read_ab(path) for path in ab or ()]  # before the captures: a bad file must not cost a sweep
     points = grid.points()
-    with progress_bar(counts=True) as progress:
-        sweep_task = progress.add_task("sweep: captures done", total=len(points) + 1)
+    replaced = dashboard_out.exists()
+    with progress_bar(counts=True, plain=True) as progress:
+        sweep_task = progress.add_task("sweep: captures done", total=len(points))
         requests_task = progress.add_task("", total=None)
 
+        current = [""]  # the capture under way, named in its phases
+
         def on_capture(index: int, total: int, request) -> None:
+            current[0] = request.out.name
             progress.update(sweep_task, completed=index)
-            progress.reset(requests_task, description=f"{request.out.name}: requests done", total=None)
+            progress.reset(requests_task, description=f"{request.out.name}: checking the arguments", total=None)
 
         def advance(label: str) -> None:
-            progress.update(sweep_task, completed=len(points), description="sweep: writing the dashboard")
+            progress.update(sweep_task, completed=len(points), description="sweep: captures done, writing the dashboard")
             progress.update(requests_task, description=label, total=None)
 
         result = run_sweep(grid, dashboard_out, on_capture=on_capture, advance=advance,
-                           on_requests=lambda done, total: progress.update(requests_task, completed=done, total=total))
+                           on_requests=capture_progress(progress, requests_task, lambda: current[0]),
+                           evidence=evidence, plotly_js=plotly_js)
     if as_json:
-        print(json.dumps({**describe(result.runs, result.dashboard), "interpreted_gpu_builder": result.interpreted,
+        print(json.dumps({**describe(result.runs, result.dashboard, evidence, replaced=replaced),
+                          "interpreted_gpu_builder": result.interpreted,
                           "captures": [str(c.sqlite) for c in result.captures]}))
         return
     if result.interpreted:
         console.print("note: no CUDA here, so the gpu builder ran in Triton's interpreter (TRITON_INTERPRET=1)",
                       style="yellow")
-    console.print(view(result.runs, result.dashboard))
+    console.print(view(result.runs, result.dashboard, evidence, replaced=replaced))
 
 
 def main() -> None:

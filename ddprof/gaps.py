@@ -33,8 +33,10 @@ def host_gaps(trace: Trace, attribution: Attribution, *, min_ms: float = 1.0, to
     """Per stage: innermost host ms, the part inside runtime calls, the gaps of at least `min_ms`
     (count, ms); and the `top` longest gaps with their step, offset in the step, and what followed."""
     if trace.runtime.height == 0:
-        raise DdprofError(f"{trace.source}: no CUDA runtime calls in this trace, so every host ns would be a gap; "
-                          "capture with CUDA tracing (nsys --trace=cuda,nvtx)")
+        raise DdprofError(f"{trace.source}: no CUDA runtime calls in this trace (a host-only capture: on a machine "
+                          "without CUDA ddprof capture traces NVTX alone), so there are no calls to find gaps between; "
+                          "capture on a CUDA machine for gaps, or read this trace's host time per stage with "
+                          "ddprof breakdown")
     per_thread, in_calls = [], np.zeros(len(STAGES), np.int64)
     for (pid, tid), ranges in attribution.stage_ranges.group_by("pid", "tid", maintain_order=True):
         calls = trace.runtime.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("start")

@@ -1,4 +1,4 @@
-"""One export to its breakdown: load -> attribute -> summarise. Every command that reads traces
+"""One export to its breakdown: load -> attribute -> summarise (plus where the wall goes, ddprof.wall). Every command that reads traces
 (breakdown, compare, dashboard, sweep) and the capture summaries take this one path, so they all
 refuse the same bad input and agree on every number."""
 
@@ -11,6 +11,7 @@ from ddprof.analysis import breakdown, require_stage_ranges
 from ddprof.attribution import Attribution, attribute
 from ddprof.load import Trace, load
 from ddprof.stage_map import StageMap
+from ddprof.wall import names_prefills, prefills, wall_split
 
 PHASES = 3  # calls of `advance` per export
 
@@ -25,4 +26,6 @@ def analyse(path: Path, stage_map: StageMap | None = None, *, drop_incomplete: b
     attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
     require_stage_ranges(attribution, stage_map)
     advance(f"summarising {path.name}")
-    return trace, attribution, breakdown(attribution, stage_map)
+    summary = breakdown(attribution, stage_map)
+    named = prefills(trace, stage_map) if names_prefills(stage_map) else None
+    return trace, attribution, {**summary, "wall": wall_split(attribution, named)}

@@ -6,6 +6,10 @@ table and `--json` can never disagree.
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from rich import box
@@ -15,15 +19,75 @@ from rich.table import Table
 from rich.text import Text
 
 from ddprof.analysis import stage_row
+from ddprof.dashboards.runs import INTERPRETED_NOTE, interpreted_gpu_builder, read_metadata
 
 
-def progress_bar(*, counts: bool = False) -> Progress:
+def progress_bar(*, counts: bool = False, plain: bool = False) -> Progress | PlainProgress:
     """The progress bar of every long command: on stderr (stdout stays a table or JSON), gone when
-    done, off when stderr is not a terminal; `counts` shows "done/total" for counted work."""
+    done; `counts` shows "done/total" for counted work. When stderr is not a terminal (a log file,
+    CI) it is off, or with `plain` (the minutes-long capture and sweep) plain lines instead."""
     status = Console(stderr=True)
+    if plain and not status.is_terminal:
+        return PlainProgress(counts=counts)
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                *([MofNCompleteColumn()] if counts else []), TimeElapsedColumn()]
     return Progress(*columns, console=status, transient=True, disable=not status.is_terminal)
+
+
+def capture_progress(progress: Progress | PlainProgress, task, name: Callable[[], str]):
+    """The `on_progress(phase, done, total)` of ddprof.capture for `task`, e.g. "run: loading the
+    model", then "run: serving, requests done 17/128"; a phase without counts shows none."""
+    def on_progress(phase: str, done: int | None, total: int | None) -> None:
+        if done is None:
+            progress.reset(task, description=f"{name()}: {phase}", total=None)
+        else:
+            progress.update(task, description=f"{name()}: {phase}, requests done", completed=done, total=total)
+    return on_progress
+
+
+class PlainProgress:
+    """The calls of rich's Progress the commands make, as plain lines on stderr: one when a task's
+    description changes, and at most one per `every_s` seconds while only its count moves. A new
+    task says nothing until its first update (an argument error stays the only line on stderr)."""
+
+    def __init__(self, *, counts: bool, every_s: float = 10.0, stream=None, clock=time.monotonic):
+        self._counts, self._every_s, self._stream, self._clock = counts, every_s, stream or sys.stderr, clock
+        self._tasks: list[dict] = []
+        self._started = clock()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        self._tasks.append({"description": description, "completed": 0, "total": total, "said": None, "at": None})
+        return len(self._tasks) - 1
+
+    def update(self, task: int, *, completed: float | None = None, total: float | None = None,
+               description: str | None = None) -> None:
+        state = self._tasks[task]
+        state.update({key: value for key, value in (("completed", completed), ("description", description),
+                                                    ("total", total)) if value is not None})  # None: unchanged
+        self._say(task)
+
+    def reset(self, task: int, *, description: str, total: float | None = None) -> None:
+        self._tasks[task].update(description=description, completed=0, total=total)
+        self._say(task)
+
+    def _say(self, task: int) -> None:
+        state, now = self._tasks[task], self._clock()
+        if not state["description"]:
+            return
+        text = state["description"]
+        if self._counts and state["total"]:
+            text += f" {state['completed']:.0f}/{state['total']:.0f}"
+        new_phase = state["said"] is None or state["said"][0] != state["description"]
+        if text == (state["said"] or ("", ""))[1] or not new_phase and now - state["at"] < self._every_s:
+            return
+        state["said"], state["at"] = (state["description"], text), now
+        print(f"[{now - self._started:6.1f} s] {text}", file=self._stream, flush=True)
 
 
 @contextmanager
@@ -66,8 +130,8 @@ def _per_step(count: int | None, steps: int) -> str:
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 1))
-    for column in columns:
-        table.add_column(column, justify="left" if column == "stage" else "right", no_wrap=True)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right", no_wrap=True)
     return table
 
 
@@ -79,8 +143,11 @@ def breakdown_view(summary: dict) -> Group:
         (f"{summary['source']}\n", "bold"),
         f"{summary['steps']} steps · {_num(summary['tokens'], '{}')} tokens · {summary['wall_s']:.3f} s wall · "
         f"{rate} · ",
-        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)")
-    totals = _table("ms over all steps; crit = critical-path time the stage owns",
+        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)\n",
+        (f"tok/s = decode tokens / wall; the wall holds {_pct(summary['wall']['steps']['share'])} decode steps"
+         + ("" if summary["wall"]["prefill"] is None else f", {_pct(summary['wall']['prefill']['share'])} prefill"),
+         "dim"))
+    totals = _table("ms over all steps; crit = critical-path time the stage owns; % of step time",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
     detail = _table("host ms waiting on the GPU; GPU ops launched and waiting calls per step; crit ms per step; "
                     "tok/s if the stage cost 0 or only its GPU time",
@@ -96,13 +163,22 @@ def breakdown_view(summary: dict) -> Group:
                        _num(what_if["tok_per_s_if_gpu_only"]), style=style)
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
                    style="dim")
+    wall = summary["wall"]
+    basis = _table("the wall tok/s is over: first step start to last step end", ("wall", "ms", "% of wall"))
+    for label, key in (("decode steps", "steps"), ("prefill (between steps)", "prefill"),
+                       ("other between steps", "between_steps")):
+        part = wall[key]
+        basis.add_row(label, _num(None if part is None else part["ms"]), _pct(None if part is None else part["share"]))
+    basis.add_row("wall", _num(wall["ms"]), _pct(1.0), style="bold")
     notes = []
     if summary["tokens"] is None:
         notes.append("no token marks in this trace: tokens and tok/s are n/a (a stage map's `tokens` names the mark)")
     if not summary["gpu_activity"]:
         notes.append("no GPU activity in this trace: gpu and wait are n/a")
     notes += _dropped_note(summary["dropped_ranges"])
-    return Group(headline, totals, detail, *(Text(f"note: {n}", style="yellow") for n in notes))
+    if summary["wall"]["prefill"] is None:
+        notes.append("prefill is n/a: another engine's ranges (--stage-map) name no prefill")
+    return Group(headline, totals, detail, basis, *(Text(f"note: {n}", style="yellow") for n in notes))
 
 
 def gaps_view(result: dict) -> Group:
@@ -148,7 +224,10 @@ def compare_view(result: dict) -> Group:
                       _num(row["crit_ms_per_step_delta"]), f"{_num(low)} … {_num(high)}",
                       *(gpu_cells if with_gpu else []),
                       f"{_pct(row['a_crit_share'])} → {_pct(row['b_crit_share'])}")
-    return Group(*lines, table, *([_verdicts_table(result)] if result["verdicts"] else []))
+    notes = [f"{label.upper()} ({run['source']}): {INTERPRETED_NOTE}" for label, run in (("a", result["a"]), ("b", result["b"]))
+             if interpreted_gpu_builder(read_metadata(Path(run["source"])))]
+    return Group(*lines, table, *(Text(f"note: {n}", style="yellow") for n in notes),
+                 *([_verdicts_table(result)] if result["verdicts"] else []))
 
 
 def _verdicts_table(result: dict) -> Table:

@@ -3,22 +3,23 @@
 Defaults depend on the machine: on a CPU the grid is sized to finish in minutes on two cores
 (tiny model, few short requests), on a GPU it spans the concurrencies and budgets where the
 builder's cost matters. Without CUDA the GPU builder's Triton kernel runs in Triton's
-interpreter (TRITON_INTERPRET=1): real, but far slower than on a GPU, and the dashboard says so.
+interpreter (ddprof.capture sets TRITON_INTERPRET=1 for it): real, but far slower than on a GPU,
+and the dashboard says so.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddprof.capture import Capture, CaptureRequest, capture, cuda_available
+from ddprof.ab_results import ABResult
+from ddprof.capture import Capture, CaptureRequest, ProgressCallback, capture, cuda_available
 from ddprof.dashboards.page import prepare_dashboard_path, write_dashboard
 from ddprof.dashboards.runs import BUILDER_NAMES, Run, load_runs
 from ddprof.errors import DdprofError
+from ddprof.sweep_defaults import CPU_DEFAULTS, GPU_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class Grid:
             if small:
                 raise DdprofError(f"sweep: --{flag} must be at least 1 (got {small[0]})")
 
+    def title(self) -> str:
+        """The page's title: what was swept, e.g. "ddprof sweep: chat on tiny, concurrency 1,2,4 x builder cpu,gpu x budget 8"."""
+        return (f"ddprof sweep: {self.workload} on {self.model}, concurrency {','.join(map(str, self.concurrency))} x "
+                f"builder {','.join(self.builders)} x budget {','.join(map(str, self.budgets))}")
+
     def capture_name(self, concurrency: int, builder: str, budget: int) -> str:
         return f"{self.workload}-{self.model}-c{concurrency}-{builder}-b{budget}"
 
@@ -61,13 +67,6 @@ class Grid:
                                seed=self.seed, batch_invariant=self.batch_invariant,
                                out=self.out_dir / self.capture_name(concurrency, builder, budget))
                 for budget, concurrency, builder in itertools.product(self.budgets, self.concurrency, self.builders)]
-
-
-# Machine-sized defaults: CPU runs the GPU builder interpreted, so its grid stays small.
-CPU_DEFAULTS = dict(concurrency=(1, 2, 4), builders=("cpu", "gpu"), budgets=(8,), model="tiny", requests=8,
-                    max_new_tokens=16)
-GPU_DEFAULTS = dict(concurrency=(1, 8, 32), builders=("cpu", "gpu"), budgets=(8, 32), model="small", requests=64,
-                    max_new_tokens=64)
 
 
 def defaults(cuda: bool | None = None) -> dict:
@@ -83,39 +82,23 @@ class SweepResult:
     interpreted: bool  # the GPU builder ran in Triton's interpreter
 
 
-@contextmanager
-def _gpu_builder_environment(grid: Grid) -> Iterator[bool]:
-    """Without CUDA, let the engine run the GPU builder in Triton's interpreter; yields whether it does."""
-    interpret = "gpu" in grid.builders and not cuda_available()
-    previous = os.environ.get("TRITON_INTERPRET")
-    if interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield interpret
-    finally:
-        if interpret and previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        elif interpret:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
 def run_sweep(grid: Grid, dashboard: Path, *,
               on_capture: Callable[[int, int, CaptureRequest], None] = lambda index, total, request: None,
-              on_requests: Callable[[int, int], None] | None = None,
-              advance: Callable[[str], None] = lambda label: None) -> SweepResult:
-    """Capture every grid point in turn (`on_capture` before each, `on_requests` as requests finish),
-    then write one dashboard of all of them (`advance` per dashboard phase)."""
+              on_requests: ProgressCallback | None = None,
+              advance: Callable[[str], None] = lambda label: None,
+              evidence: Sequence[ABResult] = (), plotly_js: str = "inline") -> SweepResult:
+    """Capture every grid point in turn (`on_capture` before each, `on_requests` with each capture's
+    phases), then write one dashboard of all of them and the A/B `evidence` (`advance` per phase)."""
     points = grid.points()
     prepare_dashboard_path(dashboard)  # before the captures: a bad --dashboard must not cost a whole sweep
     captures = []
-    with _gpu_builder_environment(grid) as interpreted:
-        for index, request in enumerate(points):
-            on_capture(index, len(points), request)
-            try:
-                captures.append(capture(request, on_progress=on_requests))
-            except DdprofError as exc:
-                raise DdprofError(f"sweep point {index + 1}/{len(points)} ({request.out.name}): {exc}") from None
+    for index, request in enumerate(points):
+        on_capture(index, len(points), request)
+        try:
+            captures.append(capture(request, on_progress=on_requests))
+        except DdprofError as exc:
+            raise DdprofError(f"sweep point {index + 1}/{len(points)} ({request.out.name}): {exc}") from None
     runs = load_runs([c.sqlite for c in captures], advance=advance)
     advance(f"writing {dashboard}")
-    return SweepResult(captures, runs, write_dashboard(runs, dashboard, title=f"ddprof sweep: {grid.out_dir.name}"),
-                       interpreted)
+    page = write_dashboard(runs, dashboard, evidence=evidence, title=grid.title(), plotly_js=plotly_js)
+    return SweepResult(captures, runs, page, interpreted="gpu" in grid.builders and not cuda_available())

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _refuse(error: EngineError) -> int:
     """An input problem: one line on stderr (whatever the message quotes), exit code 2."""
-    print(f"error: {' '.join(str(error).splitlines())}", file=sys.stderr)
+    print(f"engine: error: {' '.join(str(error).splitlines())}", file=sys.stderr)  # as ddprof: "ddprof: error:"
     return 2
 
 

@@ -1,8 +1,9 @@
 """`python -m engine serve`: run a workload through the continuous-batching scheduler.
 
 This is the program `ddprof capture` profiles. It writes nothing to stdout (nsys stores the
-profiled program's stdout inside the report); instead it appends "done total" lines to
-`--progress` as requests finish and writes the run's JSON summary to `--summary`.
+profiled program's stdout inside the report); instead it appends a "loading" line to `--progress`
+while the model loads, then "done total" lines as requests finish, and writes the run's JSON
+summary to `--summary`.
 
 Counting, so that the trace and the summary agree: `tokens` is what the decode steps committed
 (the sum of the trace's `tokens` marks); each request's first token comes from its prefill and is
@@ -24,14 +25,11 @@ from engine import arguments, corpus, trained
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
 from engine.scheduler import Request, ServeResult, serve
+from engine.serve_defaults import (DEFAULT_BUDGET, DEFAULT_BUILDER, DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS,
+                                   DEFAULT_MODEL, DEFAULT_REQUESTS, DEFAULT_SEED)
 from engine.tokenizer import load_tokenizer
 from engine.workloads import WORKLOADS, generate
 
-# Defaults sized so `make demo` (chat, concurrency 32, small model, CPU) captures in minutes on 2 cores.
-DEFAULT_MODEL = "small"
-DEFAULT_BUDGET = 8
-DEFAULT_REQUESTS = 128
-DEFAULT_MAX_NEW_TOKENS = 64
 WEIGHT_SEED = 0  # target weights; the drafter uses WEIGHT_SEED + 1
 PROMPT_SPLIT = "held-out"  # prompts from modules the tokenizer and models never trained on
 
@@ -40,14 +38,15 @@ def register(subcommands) -> None:
     parser = subcommands.add_parser("serve", help="Serve a workload with continuous batching (what ddprof capture profiles).",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", required=True, help=f"one of {', '.join(WORKLOADS)}")
-    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight at once (default 32)")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL})")
-    parser.add_argument("--builder", default="cpu", help="tree builder: cpu or gpu (default cpu)")
+    parser.add_argument("--builder", default=DEFAULT_BUILDER, help=f"tree builder: cpu or gpu (default {DEFAULT_BUILDER})")
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help=f"tree nodes per step (default {DEFAULT_BUDGET})")
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help=f"default {DEFAULT_REQUESTS}")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"longest answer: the workload's answer lengths are scaled to it (default {DEFAULT_MAX_NEW_TOKENS})")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"workload seed (default {DEFAULT_SEED})")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy (default); > 0: lossless sampling, each request seeded by its id")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.cpu_threads)
     set_batch_invariant(args.batch_invariant)
 
+    progress = _Progress(args.progress, len(requests))  # "loading" until the serving loop starts
     with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
                         f"rows on {device}"):
         target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                         temperature=args.temperature)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
     warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
-    progress = _Progress(args.progress, len(requests))
+    progress.start()
     start = time.perf_counter()
     result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
                    on_finished=lambda request_id, tokens: progress.advance())
@@ -172,20 +172,24 @@ def _memory_errors(what: str):
 
 
 class _Progress:
-    """Appends "done total" lines that a watching process can tail (each line written whole)."""
+    """Appends lines that a watching process can tail (each line written whole): "loading" while the
+    model loads and warms up, then "done total" from the start of the serving loop."""
 
     def __init__(self, path: Path | None, total: int):
         self._path, self._done, self._total = path, 0, total
-        self._write()
+        self._write("loading")
+
+    def start(self) -> None:
+        self._write(f"{self._done} {self._total}")
 
     def advance(self) -> None:
         self._done += 1
-        self._write()
+        self.start()
 
-    def _write(self) -> None:
+    def _write(self, line: str) -> None:
         if self._path:
             with open(self._path, "a") as progress:
-                progress.write(f"{self._done} {self._total}\n")
+                progress.write(f"{line}\n")
 
 
 def _write_json(path: Path, data: dict) -> None:

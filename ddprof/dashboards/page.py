@@ -1,5 +1,7 @@
-"""The dashboard page: one self-contained HTML file (plotly's JavaScript embedded once) that opens offline.
+"""The dashboard page: one HTML file that, by default, embeds plotly's JavaScript once and opens offline.
 
+`--plotly cdn` links plotly's CDN instead, and `--plotly FILE` a local copy of it (written once,
+shared by every page that names it): pages of a few hundred kB instead of ~5 MB.
 Order on the page: the headline, notes the reader must know, a table of the runs, then the four
 figures. Every figure is a `div.plotly-graph-div` with the id in FIGURES.
 """
@@ -11,9 +13,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import plotly
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from ddprof.ab_results import ABResult
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.distributions import distributions_figure
 from ddprof.dashboards.headline import bound_share, headline
@@ -29,7 +33,7 @@ _PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1280px; padding: 0 16px; color: #222; }
 h1 { font-size: 22px; margin-bottom: 4px; }
-p.headline { font-size: 18px; line-height: 1.45; background: #f4f6f8; border-left: 4px solid #e45756;
+p.headline { font-size: 18px; line-height: 1.45; background: #f4f6f8; border-left: 4px solid #555;
              padding: 12px 16px; }
 ul.notes { color: #8a5a00; }
 table.runs { border-collapse: collapse; font-size: 13px; margin: 12px 0 24px; }
@@ -61,8 +65,28 @@ def _runs_table(runs: Sequence[Run]) -> str:
     return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def render(runs: Sequence[Run], *, window_steps: int = DEFAULT_WINDOW_STEPS, title: str = "ddprof dashboard") -> str:
-    """The whole page as one HTML string."""
+def plotly_script(plotly_js: str, out: Path) -> str:
+    """The page's <script> for plotly.js: "inline" embeds it, "cdn" links plotly's CDN (this
+    plotly's version), any other value is a file path (relative to the working folder) that is
+    written if missing and linked relative to the page at `out`."""
+    if plotly_js == "inline":
+        return f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    if plotly_js == "cdn":
+        return f'<script src="https://cdn.plot.ly/plotly-{plotly.__version__}.min.js" charset="utf-8"></script>'
+    copy = Path(plotly_js)
+    if not copy.is_file() or copy.read_text(encoding="utf-8") != get_plotlyjs():
+        try:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(get_plotlyjs(), encoding="utf-8")
+        except OSError as exc:
+            raise DdprofError(f"{copy}: cannot write plotly.js there ({exc.strerror})") from None
+    link = Path(os.path.relpath(copy.resolve(), Path(out).resolve().parent)).as_posix()
+    return f'<script src="{html.escape(link)}" charset="utf-8"></script>'
+
+
+def render(runs: Sequence[Run], *, evidence: Sequence[ABResult] = (), window_steps: int = DEFAULT_WINDOW_STEPS,
+           title: str = "ddprof dashboard", plotly_js: str = "inline", out: Path = Path("dashboard.html")) -> str:
+    """The whole page as one HTML string (`out`: where it will be written, for a linked plotly.js)."""
     figures = dict(zip(FIGURES, (step_share_figure(runs), throughput_figure(runs),
                                  timeline_figure(runs, window_steps), distributions_figure(runs)), strict=True))
     sections = "".join(
@@ -73,9 +97,9 @@ def render(runs: Sequence[Run], *, window_steps: int = DEFAULT_WINDOW_STEPS, tit
     notes_html = ('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in found) + "</ul>") if found else ""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+            f"{plotly_script(plotly_js, out)}</head><body>"
             f"<h1>{html.escape(title)}</h1>"
-            f'<p class="headline" id="headline">{html.escape(headline(runs))}</p>'
+            f'<p class="headline" id="headline">{html.escape(headline(runs, evidence))}</p>'
             f"{notes_html}{_runs_table(runs)}{sections}</body></html>\n")
 
 
@@ -114,7 +138,7 @@ def write_dashboard(runs: Sequence[Run], out: Path, **options) -> Path:
     prepare_dashboard_path(out)
     partial = out.with_name(f".{out.name}.partial")
     try:
-        partial.write_text(render(runs, **options), encoding="utf-8")
+        partial.write_text(render(runs, out=out, **options), encoding="utf-8")
         os.replace(partial, out)
     except OSError as exc:
         partial.unlink(missing_ok=True)

@@ -18,10 +18,9 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.load import Trace
 from ddprof.pipeline import analyse
 from ddprof.stage_map import StageMap
-from engine.stages import DOMAIN, PREFILL
+from ddprof.wall import prefills
 
 BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 UNKNOWN = "unknown"
@@ -69,8 +68,18 @@ class Run:
 
     @property
     def interpreted_gpu_builder(self) -> bool:
-        """A GPU-builder run captured on a CPU: its Triton kernel ran in the interpreter, not on a GPU."""
-        return self.setting("builder") == "gpu" and str(self.setting("device") or "").startswith("cpu")
+        return interpreted_gpu_builder(self.meta)
+
+
+INTERPRETED_NOTE = ("captured on a CPU, so the GPU builder's Triton kernel ran in Triton's interpreter "
+                    "(TRITON_INTERPRET=1); its tree_build times are interpreter times, far slower than the kernel "
+                    "on a GPU")
+
+
+def interpreted_gpu_builder(meta: dict | None) -> bool:
+    """A GPU-builder run captured on a CPU (by its capture metadata): its Triton kernel ran in the
+    interpreter, not on a GPU."""
+    return bool(meta) and meta.get("builder") == "gpu" and str(meta.get("device") or "").startswith("cpu")
 
 
 def metadata_path(trace: Path) -> Path:
@@ -117,14 +126,6 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 
-def prefills(trace: Trace, stage_map: StageMap | None) -> pl.DataFrame:
-    """The engine's `prefill` ranges; none for another engine's trace (a --stage-map names no prefill)."""
-    ranges = trace.flat_ranges.select("pid", "tid", "start", "end")  # no nesting needed: flat is cheaper
-    if stage_map is not None and stage_map.domain != DOMAIN:
-        return ranges.clear()
-    return trace.flat_ranges.filter((pl.col("domain") == DOMAIN) & (pl.col("name") == PREFILL)).select(ranges.columns)
-
-
 def labelled(runs: Sequence[Run]) -> list[Run]:
     """Give each run a short unique label: its builder and the settings that vary across the runs."""
     varying = varying_settings(runs)
@@ -166,9 +167,7 @@ def notes(runs: Sequence[Run]) -> list[str]:
                          "cross-thread step/stage ranges (--drop-incomplete)")
     interpreted = [run.label for run in runs if run.interpreted_gpu_builder]
     if interpreted:
-        found.append(f"{', '.join(interpreted)}: captured on a CPU, so the GPU builder's Triton kernel ran in "
-                     "Triton's interpreter (TRITON_INTERPRET=1); its tree_build times are interpreter times, "
-                     "far slower than the kernel on a GPU")
+        found.append(f"{', '.join(interpreted)}: {INTERPRETED_NOTE}")
     if not any(run.attribution.has_gpu_activity for run in runs):
         found.append("no CUDA activity in any trace (CPU captures): gpu_ms is n/a and the timeline's GPU lane "
                      "is empty")

@@ -105,10 +105,10 @@ def step_share_figure(runs: Sequence[Run]) -> go.Figure:
                              run.label, _per_step(cell["gpu_ops"], run), _per_step(cell["sync_calls"], run)]
                             for cell, run in zip(cells_of_owner, members)],
                 hovertemplate=(f"<b>%{{customdata[3]}}</b><br>{owner}: %{{y:.1%}} of step time<br>"
-                               "%{customdata[0]:.3f} ms per step on the critical path<br>"
-                               "cpu_ms %{customdata[1]} · gpu_ms %{customdata[2]}<br>"
-                               "per step: %{customdata[4]} GPU ops launched, %{customdata[5]} waits for the GPU"
-                               "<extra></extra>")),
+                               "per step (mean): %{customdata[0]:.3f} ms on the critical path, "
+                               "%{customdata[4]} GPU ops launched, %{customdata[5]} waits for the GPU<br>"
+                               "whole run: %{customdata[1]} ms on the host (cpu_ms), %{customdata[2]} ms on the GPU "
+                               "(gpu_ms)<extra></extra>")),
                 row=row, col=col)
             legend_shown.add(owner)
     figure.update_yaxes(range=[0, 1], tickformat=".0%")
@@ -124,4 +124,8 @@ def _ms(value: float | None) -> str:
 
 
 def _per_step(count: int | None, run: Run) -> str:
-    return "n/a" if count is None else f"{count / run.summary['steps']:,.1f}"
+    """A count's mean per step: whole numbers without a decimal ("6", not "6.0"), else one decimal."""
+    if count is None:
+        return "n/a"
+    mean = count / run.summary["steps"]
+    return f"{mean:,.0f}" if mean == round(mean) else f"{mean:,.1f}"

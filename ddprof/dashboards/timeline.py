@@ -3,7 +3,8 @@
 Host lanes: the steps, the prefills between them (admitting new requests) and each stage's
 ranges on the decoding thread. GPU lane: every kernel,
 memcpy and memset of that process running in the window, coloured by the stage that launched it
-(ddprof.attribution's `stage`). One run at a time; a menu switches runs.
+(ddprof.attribution's `stage`; an op launched outside every stage range is `other`, as on the
+critical path). One run at a time; a menu switches runs.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
-from ddprof.dashboards.palette import PREFILL_COLOUR, STAGE_COLOURS, STEP_COLOUR, UNATTRIBUTED_COLOUR
+from ddprof.attribution import OTHER
+from ddprof.dashboards.palette import PREFILL_COLOUR, STAGE_COLOURS, STEP_COLOUR
 from ddprof.dashboards.runs import Run
 from ddprof.intervals import union
 from engine.stages import PREFILL, STAGES, STEP
 
 GPU_LANE = "GPU"
 LANES = (STEP, PREFILL, *STAGES, GPU_LANE)  # top to bottom
-UNATTRIBUTED = "unattributed"
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ def _run_traces(shown: Window, visible: bool, gpu_traced: bool) -> list[go.Bar |
                             origin, PREFILL, PREFILL_COLOUR,
                             [f"prefill: {(e - s) / 1e6:.3f} ms" for s, e in prefills.select("start", "end").iter_rows()],
                             visible, True))
-    ops = shown.gpu_ops.with_columns(pl.col("stage").fill_null(UNATTRIBUTED))
-    for stage in (*STAGES, UNATTRIBUTED):
+    ops = shown.gpu_ops.with_columns(pl.col("stage").fill_null(OTHER))
+    for stage in (*STAGES, OTHER):
         host = shown.stage_ranges.filter(pl.col("stage") == stage)
         gpu = ops.filter(pl.col("stage") == stage)
         if host.height + gpu.height == 0:
@@ -94,12 +95,13 @@ def _run_traces(shown: Window, visible: bool, gpu_traced: bool) -> list[go.Bar |
         hover = [f"{stage} ({row['name']}) in step {row['step_id']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
                  + (f"{row['wait_ns'] / 1e6:.3f} ms waiting on the GPU" if gpu_traced else "no GPU traced")
                  for row in host.iter_rows(named=True)]
-        hover += [f"{row['kind']} {row['name']}: {(row['end'] - row['start']) / 1e6:.3f} ms, launched by {stage}"
+        hover += [f"{row['kind']} {row['name']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
+                  + (f"launched by {stage}" if stage != OTHER else "launched outside every stage range")
                   for row in gpu.iter_rows(named=True)]
         traces.append(_bars([stage] * host.height + [GPU_LANE] * gpu.height,
                             np.concatenate([host["start"].to_numpy(), gpu["start"].to_numpy()]),
                             np.concatenate([host["end"].to_numpy(), gpu["end"].to_numpy()]), origin, stage,
-                            STAGE_COLOURS.get(stage, UNATTRIBUTED_COLOUR), hover, visible, True))
+                            STAGE_COLOURS[stage], hover, visible, True))
     if ops.height == 0:  # keep the GPU lane on the axis: an empty lane is the finding
         traces.append(go.Scatter(x=[0], y=[GPU_LANE], mode="markers", marker_opacity=0, hoverinfo="skip",
                                  showlegend=False, visible=visible))
@@ -107,10 +109,12 @@ def _run_traces(shown: Window, visible: bool, gpu_traced: bool) -> list[go.Bar |
 
 
 def _caption(run: Run, shown: Window) -> str:
+    """E.g. "GPU builder: step 40 (1 of the run's 81 steps) · GPU busy 12% of the window"."""
     first, last = shown.steps["step_id"].min(), shown.steps["step_id"].max()
     gpu = (f"GPU busy {shown.gpu_busy_share:.0%} of the window" if run.attribution.has_gpu_activity
            else "no GPU activity in this trace")
-    return f"{run.label}: steps {first}–{last} of {run.summary['steps']} · {gpu}"
+    which = f"step {first}" if first == last else f"steps {first}–{last}"
+    return f"{run.label}: {which} ({shown.steps.height} of the run's {run.summary['steps']} steps) · {gpu}"
 
 
 def timeline_figure(runs: Sequence[Run], steps: int = DEFAULT_WINDOW_STEPS) -> go.Figure:

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.stages import STAGES, STEP, TOKENS_MARK
+from engine.stages import PREFILL, STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export, example
 from tests.ddprof.test_attribution_stage_map import SGLANG_TOML, sglang_like
 
@@ -193,3 +193,36 @@ def test_doctor_reports_a_missing_nsys_and_still_lists_the_rest():
     facts = json.loads(done.stdout)
     assert facts["nsys"].startswith("missing: NSYS=/nonexistent/nsys") and facts["nsys_version"] is None
     assert facts["torch"] and facts["triton"]
+
+
+def test_the_wall_tok_s_is_over_is_split_into_steps_prefill_and_the_rest(tmp_path):
+    """Steps 0-100 and 150-250 (wall 250 ns); prefill 100-130 between them, and 240-260, which lies in
+    a step and past the wall: only its 30 ns between steps count. The other 20 ns are the rest."""
+    trace = Export()
+    for start in (0, 150):
+        trace.range(STEP, start, start + 100)
+        trace.range("draft", start, start + 100)
+        trace.mark(TOKENS_MARK, start + 99, 2)
+    trace.range(PREFILL, 100, 130)
+    trace.range(PREFILL, 240, 260)
+    path = trace.write(tmp_path / "wall.sqlite")
+    done = ddprof("breakdown", path, "--json")
+    assert done.returncode == 0, done.stderr
+    wall = json.loads(done.stdout)["wall"]
+    assert wall["ms"] * 1e6 == pytest.approx(250)
+    assert {key: round(wall[key]["ms"] * 1e6) for key in ("steps", "prefill", "between_steps")} == {
+        "steps": 200, "prefill": 30, "between_steps": 20}
+    assert wall["prefill"]["share"] == pytest.approx(30 / 250)
+    table = ddprof("breakdown", path).stdout
+    assert "tok/s = decode tokens / wall; the wall holds 80.0% decode steps, 12.0% prefill" in table
+    for row in ("decode steps", "prefill (between steps)", "other between steps"):
+        assert row in table
+
+
+def test_another_engines_trace_has_no_prefill_row_value(tmp_path):
+    path = sglang_like().write(tmp_path / "sglang.sqlite")
+    (tmp_path / "map.toml").write_text(SGLANG_TOML)
+    done = ddprof("breakdown", path, "--stage-map", tmp_path / "map.toml", "--json")
+    assert done.returncode == 0, done.stderr
+    wall = json.loads(done.stdout)["wall"]
+    assert wall["prefill"] is None and wall["steps"]["ms"] + wall["between_steps"]["ms"] == pytest.approx(wall["ms"])

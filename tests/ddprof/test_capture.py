@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from ddprof.capture import CaptureRequest, _count_steps, capture
+from ddprof.capture import PHASES, SERVING, CaptureRequest, _count_steps, capture
 from ddprof.errors import DdprofError
 from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
@@ -32,7 +32,7 @@ def run(tmp_path_factory):
         # `--out X.nsys-rep` names the capture X, like `--out X`
         result = capture(CaptureRequest(workload="chat", concurrency=4, out=out_dir / "run.nsys-rep", model="tiny",
                                         requests=REQUESTS, max_new_tokens=32, seed=3),
-                         on_progress=lambda done, total: progress.append((done, total)))
+                         on_progress=lambda phase, done, total: progress.append((phase, done, total)))
     return out_dir, result, progress
 
 
@@ -100,11 +100,16 @@ def test_no_secret_from_the_callers_environment_lands_in_the_trace(run):
         assert SECRET.encode() not in data and b"DDPROF_TEST_TOKEN" not in data
 
 
-def test_progress_counts_requests_up_to_the_total(run):
+def test_progress_names_each_phase_and_counts_requests_up_to_the_total(run):
     _, _, progress = run
-    assert progress[-1] == (REQUESTS, REQUESTS)
-    assert all(total == REQUESTS for _, total in progress)
-    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
+    phases = [phase for phase, _, _ in progress]
+    # each phase once, in order (loading is short on the tiny model, but the engine writes it before any request)
+    assert list(dict.fromkeys(phases)) == list(PHASES)
+    assert phases == sorted(phases, key=PHASES.index)  # nsys writes its report after the last request
+    serving = [(done, total) for phase, done, total in progress if phase == SERVING]
+    assert serving[0] == (0, REQUESTS) and serving[-1] == (REQUESTS, REQUESTS)
+    assert [done for done, _ in serving] == sorted(done for done, _ in serving)
+    assert all(done is None and total is None for phase, done, total in progress if phase != SERVING)
 
 
 def test_a_capture_that_times_out_leaves_no_files(tmp_path):

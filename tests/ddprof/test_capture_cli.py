@@ -1,12 +1,17 @@
 """`ddprof capture` refuses bad input with one line and exit code 2, before nsys starts, leaving no files."""
 
+import io
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from ddprof.capture import ENV_ALLOWLIST, allowlisted_env
+from ddprof.report import PlainProgress, capture_progress
+from engine.serve_defaults import (DEFAULT_BUDGET, DEFAULT_BUILDER, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODEL,
+                                   DEFAULT_REQUESTS, DEFAULT_SEED)
 
 
 def ddprof(*args, env=None):
@@ -49,6 +54,36 @@ def test_the_allowlist_keeps_what_the_engine_needs_and_nothing_else():
               "GITHUB_TOKEN": "y", "HF_TOKEN": "z"}
     assert allowlisted_env(caller) == {"PATH": "/usr/bin", "HOME": "/root", "TRITON_INTERPRET": "1"}
     assert not any("TOKEN" in name or "KEY" in name or "SECRET" in name for name in ENV_ALLOWLIST)
+
+
+def test_plain_progress_lines_name_each_phase_and_repeat_a_count_at_most_every_interval():
+    """What a piped `ddprof capture` writes to stderr instead of a bar (a fake clock, no sleeping)."""
+    lines, now = io.StringIO(), [0.0]
+    progress = PlainProgress(counts=True, every_s=10, stream=lines, clock=lambda: now[0])
+    on_progress = capture_progress(progress, progress.add_task("capture: checking the arguments"), lambda: "capture")
+    assert lines.getvalue() == ""  # nothing before the first phase: an argument error stays the only line
+    for at, phase, done, total in ((1, "starting nsys", None, None), (4, "loading the model", None, None),
+                                   (9, "serving", 0, 8), (12, "serving", 3, 8), (20, "serving", 5, 8),
+                                   (25, "serving", 8, 8), (26, "exporting the SQLite", None, None)):
+        now[0] = at
+        on_progress(phase, done, total)
+    assert lines.getvalue().splitlines() == [
+        "[   1.0 s] capture: starting nsys", "[   4.0 s] capture: loading the model",
+        "[   9.0 s] capture: serving, requests done 0/8", "[  20.0 s] capture: serving, requests done 5/8",
+        "[  26.0 s] capture: exporting the SQLite"]
+
+
+def test_help_shows_the_engines_real_defaults_and_no_type_on_flags():
+    done = ddprof("capture", "--help")
+    assert done.returncode == 0
+    for option, value in (("--model", DEFAULT_MODEL), ("--builder", DEFAULT_BUILDER), ("--budget", DEFAULT_BUDGET),
+                          ("--requests", DEFAULT_REQUESTS), ("--max-new-tokens", DEFAULT_MAX_NEW_TOKENS),
+                          ("--seed", DEFAULT_SEED)):
+        text = " ".join(done.stdout.split())  # the help wraps at 80 columns
+        assert re.search(rf"{option} <\w+> [^<]*\(default: {value}\)", text), (option, text)
+    assert "the engine's" not in done.stdout and "<bool>" not in done.stdout
+    sweep = ddprof("sweep", "--help")
+    assert "(default: 1,2,4 on a CPU; 1,8,32 on a GPU)" in " ".join(sweep.stdout.split()) and "<bool>" not in sweep.stdout
 
 
 def test_capture_passes_batch_invariance_on_to_the_engine(tmp_path):

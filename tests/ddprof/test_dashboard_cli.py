@@ -6,10 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import plotly
 from plotly.offline import get_plotlyjs
 
 from ddprof.dashboards.page import FIGURES
 from tests.ddprof import known_runs
+from tests.ddprof.test_dashboard_figures import write_ab
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +29,10 @@ def test_json_names_the_page_its_headline_and_each_runs_numbers(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["dashboard"] == str(out)
-    assert result["headline"] == ("tree_build bounds tok/s in CPU heapq (50% of step time); "
-                                  "verify bounds tok/s in GPU builder (50% of step time).")
+    assert result["headline"].endswith("tree_build bounds tok/s in CPU heapq (50% of step time); "
+                                       "verify bounds tok/s in GPU builder (50% of step time).")
+    assert result["headline"].startswith("GPU builder / CPU heapq tok/s: tiny c=2: 1.00x from single captures")
+    assert result["replaced"] is False and result["ab_results"] == []
     assert [(r["label"], r["bound_by"], r["bound_by_crit_share"], r["steps"]) for r in result["runs"]] == [
         ("CPU heapq", "tree_build", 0.5, 2), ("GPU builder", "verify", 0.5, 2)]
     page = out.read_text()
@@ -49,6 +53,45 @@ def test_the_default_page_is_named_after_the_folder_of_the_traces(tmp_path):
     assert "tree_build bounds tok/s in CPU heapq" in done.stdout and "dashboards/sweep-42.html" in done.stdout
     done = ddprof("dashboard", traces[0], cwd=tmp_path)
     assert (tmp_path / "dashboards" / "known-cpu.html").is_file()
+    assert "replaced" not in done.stdout
+    done = ddprof("dashboard", traces[1], traces[0], cwd=tmp_path)  # the same folder again: said, not silent
+    assert done.returncode == 0, done.stderr
+    assert "dashboards/sweep-42.html (replaced the page that was there; --out names another)" in done.stdout
+
+
+def test_ab_result_files_are_evidence_the_headline_quotes(tmp_path):
+    traces = [known_runs.write(tmp_path, "gpu"), known_runs.write(tmp_path, "cpu")]
+    ab = write_ab(tmp_path / "builder_ab_tiny_c2.json", [1.0, 1.1, 0.9])
+    moe = ROOT / "benchmarks" / "results" / "moe_dispatch_ab_small_c64.json"
+    done = ddprof("dashboard", *traces, ab, moe, "--out", tmp_path / "x.html", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [(a["benchmark"], a["b_over_a"], a["rounds"]) for a in result["ab_results"]] == [
+        ("builder_ab", "gpu/cpu", 3), ("moe_dispatch_ab", "sorted/per-expert", 8)]
+    assert "tiny c=2: 1.00x, paired A/B of 3 rounds" in result["headline"]
+    assert "moe dispatch: sorted / per-expert tok/s, small c=64: 1.12x, paired A/B of 8 rounds" in result["headline"]
+    assert [r["label"] for r in result["runs"]] == ["CPU heapq", "GPU builder"]  # A/B files are not runs
+    done = ddprof("dashboard", ab, "--out", tmp_path / "y.html")
+    assert done.returncode == 2 and "no traces given" in done.stderr and done.stderr.count("\n") == 1
+    not_ab = tmp_path / "known-cpu.json"  # a capture's metadata is not an A/B
+    done = ddprof("dashboard", traces[0], not_ab, "--out", tmp_path / "y.html")
+    assert done.returncode == 2 and done.stderr.startswith(f"ddprof: error: {not_ab}: not an A/B result file")
+
+
+def test_plotly_js_inline_cdn_or_a_shared_file(tmp_path):
+    trace = known_runs.write(tmp_path, "cpu")
+    inline = tmp_path / "inline.html"
+    assert ddprof("dashboard", trace, "--out", inline).returncode == 0
+    cdn = tmp_path / "cdn.html"
+    assert ddprof("dashboard", trace, "--out", cdn, "--plotly", "cdn").returncode == 0
+    assert f'<script src="https://cdn.plot.ly/plotly-{plotly.__version__}.min.js"' in cdn.read_text()
+    linked = tmp_path / "pages" / "linked.html"
+    done = ddprof("dashboard", trace, "--out", linked, "--plotly", tmp_path / "js" / "plotly.min.js")
+    assert done.returncode == 0, done.stderr
+    assert '<script src="../js/plotly.min.js"' in linked.read_text()
+    assert (tmp_path / "js" / "plotly.min.js").read_text() == get_plotlyjs()
+    assert get_plotlyjs()[:500] not in linked.read_text() and get_plotlyjs()[:500] not in cdn.read_text()
+    assert linked.stat().st_size < inline.stat().st_size / 10
 
 
 def test_a_missing_trace_is_one_line_and_exit_code_2(tmp_path):

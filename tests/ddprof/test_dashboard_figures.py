@@ -5,23 +5,31 @@ breakdown (ddprof.analysis) it must come from.
 """
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from plotly.utils import PlotlyJSONEncoder
 
+from ddprof.ab_results import read_ab
 from ddprof.attribution import OWNERS
 from ddprof.dashboards.distributions import box_statistics, distributions_figure
 from ddprof.dashboards.headline import headline
 from ddprof.dashboards.runs import load_runs, notes, read_metadata
 from ddprof.dashboards.step_share import step_share_figure
-from ddprof.dashboards.throughput import PROJECTION_NAME, throughput_figure
+from ddprof.dashboards.palette import STAGE_COLOURS
+from ddprof.dashboards.throughput import PROJECTION_NAME, log_ticks, throughput_figure
 from ddprof.dashboards.timeline import GPU_LANE, timeline_figure, window
 from ddprof.errors import DdprofError
 from ddprof.projection import tok_per_s_with_stage_cost_of
 from engine.stages import STAGES
+from engine.stages import TOKENS_MARK
 from tests.ddprof import known_runs
+from tests.ddprof.exports import Export
 from tests.ddprof.known_runs import KERNEL, KERNEL_NAME, SHARES, STEP, STEPS, TOKENS_PER_STEP, U
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +72,11 @@ def test_hover_shows_ms_per_step_cpu_ms_and_gpu_ms(pair):
     assert gpu_builder[0] == pytest.approx(300 * U / 1e6)
     gpu_ms = STEPS * (KERNEL[1] - KERNEL[0]) / 1e6
     # One kernel launched in each step's tree_build, no waiting call.
-    assert gpu_builder[1:] == [f"{STEPS * 100 * U / 1e6:.2f}", f"{gpu_ms:.2f}", "GPU builder", "1.0", "0.0"]
-    assert "ms per step" in tree_build.hovertemplate and "cpu_ms" in tree_build.hovertemplate
-    assert "gpu_ms" in tree_build.hovertemplate
+    assert gpu_builder[1:] == [f"{STEPS * 100 * U / 1e6:.2f}", f"{gpu_ms:.2f}", "GPU builder", "1", "0"]  # not "1.0"
+    # per-step means and whole-run totals each under their own words
+    assert "per step (mean): %{customdata[0]:.3f} ms on the critical path" in tree_build.hovertemplate
+    assert "whole run: %{customdata[1]} ms on the host (cpu_ms)" in tree_build.hovertemplate
+    assert "(gpu_ms)" in tree_build.hovertemplate
 
 
 def test_a_sweep_is_faceted_by_budget_and_concurrency(sweep):
@@ -98,6 +108,53 @@ def test_tok_per_s_lines_per_builder_and_the_projection_beside_them(sweep):
         assert list(line.x) == [1, 2] and list(line.y) == pytest.approx([projected] * 2)
         assert line.line.dash == "dash"
     assert figure.layout.yaxis.type == "linear"  # rates within 10x of each other
+    assert "log" not in figure.layout.yaxis.title.text
+
+
+def test_builders_differ_by_marker_and_dash_never_by_a_stage_colour(sweep):
+    figure = throughput_figure(sweep)
+    stage_colours = set(STAGE_COLOURS.values())
+    styles = {}
+    for trace in figure.data:
+        assert trace.line.color not in stage_colours and trace.marker.color not in stage_colours, trace.name
+        styles.setdefault((trace.line.dash, trace.marker.symbol), set()).add(trace.name.split(" · ")[0])
+    # CPU heapq, GPU builder and the projection: three styles, one kind of line each
+    assert sorted(map(sorted, styles.values())) == [["CPU heapq"], [PROJECTION_NAME], ["GPU builder"]]
+
+
+def test_a_log_axis_says_so_and_its_ticks_read_as_plain_numbers(tmp_path):
+    """Rates two orders of magnitude apart (one 100x longer step) and concurrencies 1 and 16: both axes log."""
+    slow = Export()
+    slow.range("step", 0, 100 * STEP)
+    for code, stage in enumerate(STAGES):
+        slow.range(stage, code * 10 * STEP, (code + 1) * 10 * STEP)
+    slow.mark(TOKENS_MARK, 100 * STEP - U, TOKENS_PER_STEP)
+    cpu = slow.write(tmp_path / "slow.sqlite")
+    known_meta = json.loads(known_runs.write(tmp_path, "cpu").with_suffix(".json").read_text())
+    cpu.with_suffix(".json").write_text(json.dumps({**known_meta, "concurrency": 1, "trace_steps": 1}))
+    gpu = known_runs.write(tmp_path, "gpu", name="fast", meta={"concurrency": 16})
+    figure = throughput_figure(load_runs([cpu, gpu]))
+    assert figure.layout.yaxis.type == "log" and figure.layout.yaxis.title.text.endswith(", log scale")
+    assert figure.layout.xaxis.type == "log" and figure.layout.xaxis.title.text.endswith(", log scale")
+    ticks = list(figure.layout.yaxis.tickvals)
+    assert list(figure.layout.yaxis.ticktext) == [f"{tick:g}" for tick in ticks]
+    rates = [y for trace in figure.data for y in trace.y]
+    assert ticks[0] <= min(rates) and ticks[-1] >= max(rates) and len(ticks) <= 3 * 3 + 1
+
+
+def test_log_ticks_are_1_2_5_steps_covering_the_range():
+    assert log_ticks(5.3, 870) == [5, 10, 20, 50, 100, 200, 500, 1000]
+    assert log_ticks(100, 1000) == [100, 200, 500, 1000]
+    assert log_ticks(0.12, 3) == pytest.approx([0.1, 0.2, 0.5, 1, 2, 5])
+
+
+def test_no_projection_is_drawn_from_interpreter_times(tmp_path):
+    """A GPU-builder run captured on a CPU ran its kernel in Triton's interpreter: no projection."""
+    runs = load_runs([known_runs.write(tmp_path, "cpu", meta={"device": "cpu: x86_64 (2 cores)"}),
+                      known_runs.write(tmp_path, "gpu", meta={"device": "cpu: x86_64 (2 cores)"})])
+    figure = throughput_figure(runs)
+    assert [trace.name for trace in figure.data] == ["CPU heapq", "GPU builder"]
+    assert "no projection" in figure.layout.annotations[0].text and "interpreter" in figure.layout.annotations[0].text
 
 
 def test_the_projection_is_the_runs_own_what_if_when_the_costs_agree(pair):
@@ -125,6 +182,8 @@ def test_timeline_lanes_hold_the_stage_ranges_and_the_gpu_lane_the_kernels(pair)
     lanes = {lane for trace in figure.data for lane in trace.y}
     assert lanes == {"step", *STAGES, GPU_LANE}
     assert "GPU busy 25% of the window" in figure.layout.title.text
+    assert f"steps 0–1 ({STEPS} of the run's {STEPS} steps)" in figure.layout.title.text
+    assert "step 0 (1 of the run's 2 steps)" in timeline_figure([gpu_run], steps=1).layout.title.text  # not "0–0"
 
 
 def test_prefills_get_their_own_lane(tmp_path):
@@ -170,29 +229,119 @@ def test_a_cpu_trace_keeps_an_empty_gpu_lane(pair):
     assert stage_hovers and all(text.endswith("no GPU traced") for text in stage_hovers)  # not "0.000 ms waiting"
 
 
-def test_distributions_agree_with_the_breakdowns_percentiles(pair):
+def test_distributions_are_one_plot_per_stage_in_the_stage_colour(pair):
     figure = distributions_figure(pair)
-    assert [trace.name for trace in figure.data] == [run.label for run in pair]
-    for trace, run in zip(figure.data, pair):
-        assert list(trace.x) == list(STAGES)
-        p50 = [s["per_step"]["crit_ms"]["p50"] for s in run.summary["stages"]]
+    assert [trace.name for trace in figure.data] == list(STAGES)
+    assert [a.text for a in figure.layout.annotations] == list(STAGES)  # each small plot titled by its stage
+    assert len({trace.yaxis for trace in figure.data}) == len(STAGES)  # each on its own scale
+    for code, trace in enumerate(figure.data):
+        assert trace.marker.color == STAGE_COLOURS[trace.name]
+        assert list(trace.x) == [run.label for run in pair]
+        p50 = [run.summary["stages"][code]["per_step"]["crit_ms"]["p50"] for run in pair]
         assert list(trace.median) == pytest.approx(p50)
+    for run in pair:
         stats = box_statistics(run)
         assert stats["lowerfence"] <= stats["q1"] <= stats["median"] <= stats["q3"] <= stats["upperfence"]
-    tree_build = STAGES.index("tree_build")
-    cpu = next(t for t, r in zip(figure.data, pair) if r.builder == "CPU heapq")
-    assert cpu.median[tree_build] == pytest.approx(500 * U / 1e6)
+    tree_build = figure.data[STAGES.index("tree_build")]
+    cpu = [run.builder for run in pair].index("CPU heapq")
+    assert tree_build.median[cpu] == pytest.approx(500 * U / 1e6)
 
 
-def test_headline_names_the_bounding_stage_of_each_run(pair, sweep):
-    assert headline(pair) == ("tree_build bounds tok/s in CPU heapq (50% of step time); "
-                              "verify bounds tok/s in GPU builder (50% of step time).")
+def test_one_colour_per_stage_in_the_bars_timeline_and_distributions(pair):
+    """A colour means one owner of step time on every figure; GPU ops outside every stage range are `other`."""
+    gpu_run = next(run for run in pair if run.builder == "GPU builder")
+    for figure in (step_share_figure(pair), timeline_figure(pair), distributions_figure(pair)):
+        for trace in figure.data:
+            if trace.name in OWNERS:
+                assert trace.marker.color == STAGE_COLOURS[trace.name], (figure.layout.title.text, trace.name)
+    assert gpu_run.builder == "GPU builder"
+
+
+def test_a_gpu_op_launched_outside_every_stage_is_other_in_the_timeline_as_in_the_bars(tmp_path):
+    trace = known_runs.export("gpu")
+    trace.kernel(995 * U, 998 * U, launch=(991 * U, 992 * U), name="stray")  # launched after sampling ended
+    run = load_runs([trace.write(tmp_path / "stray.sqlite")])[0]
+    other = next(t for t in timeline_figure([run], steps=STEPS).data if t.name == "other")
+    assert list(other.y) == [GPU_LANE] and other.marker.color == STAGE_COLOURS["other"]
+    assert other.hovertext[0].endswith("launched outside every stage range")
+    assert all(t.name != "unattributed" for t in timeline_figure([run]).data)
+
+
+SINGLE = "tiny c=2: 1.00x from single captures, one of each (no interval: not a measured difference)"
+PROJECTED = "Projected, CPU heapq with the GPU builder's tree_build cost: tiny c=2 +25.0% (tree_build 5 -> 3 ms per step)."
+BOUND = "tree_build bounds tok/s in CPU heapq (50% of step time); verify bounds tok/s in GPU builder (50% of step time)."
+
+
+def test_headline_answers_with_the_pairs_ratio_the_projection_and_the_bounding_stage(pair, sweep):
+    # Both known runs: 6 tokens in 20 ms. Freeing 2 of tree_build's 5 ms per step: 20 / 16 = +25%.
+    assert headline(pair) == f"GPU builder / CPU heapq tok/s: {SINGLE}. {PROJECTED} {BOUND}"
     one = [run for run in pair if run.builder == "CPU heapq"]
     assert headline(one) == ("tree_build bounds tok/s in CPU heapq: 50% of step time (5 of 10 ms per step on the "
                              "critical path), at 300.00 tok/s.")
     text = headline(sweep)
-    assert text.startswith("tree_build bounds tok/s in CPU heapq · c=1 · budget=8 (50% of step time), ")
+    assert text.count("from single captures") == 4  # one clause per pair of the 2 x 2 grid
+    assert "tiny c=1 budget=8: 1.00x" in text and "tiny c=2 budget=16: 1.00x" in text
     assert text.count("tree_build bounds") == 1 and text.count("verify bounds") == 1
+
+
+def write_ab(path, ratios, **settings):
+    """An A/B result file as benchmarks/serving_ab.py writes it, with these paired GPU/CPU ratios."""
+    rows = [row for round_, ratio in enumerate(ratios) for row in (
+        {"round": round_, "builder": "cpu", "tokens": 10, "steps": 5, "wall_s": 1.0, "tok_per_s": 100.0},
+        {"round": round_, "builder": "gpu", "tokens": 10, "steps": 5, "wall_s": 1 / ratio, "tok_per_s": 100.0 * ratio})]
+    path.write_text(json.dumps({"benchmark": "builder_ab", "machine": {}, "settings": {
+        "model": "tiny", "workload": "chat", "concurrency": 2, "budget": 8, "device": "cuda", **settings},
+        "runs": rows, "paired_gpu_over_cpu": {}}))
+    return path
+
+
+def test_a_matching_ab_replaces_the_single_capture_verdict(pair, tmp_path):
+    ab = read_ab(write_ab(tmp_path / "builder_ab_tiny.json", [1.0, 1.1, 0.9, 1.05, 0.95]))
+    assert ab.median == pytest.approx(1.0) and ab.rounds == 5
+    low, high = ab.ci
+    assert 0.9 <= low < 1.0 < high <= 1.1
+    text = headline(pair, [ab])
+    assert text.startswith(f"GPU builder / CPU heapq tok/s: tiny c=2: 1.00x, paired A/B of 5 rounds, 95% CI "
+                           f"{low:.2f}-{high:.2f} (builder_ab_tiny.json); this page's single captures: 1.00x. ")
+    assert "from single captures" not in text
+    # An A/B of other settings speaks for no pair: its own clause, the pair stays a single capture.
+    other = read_ab(write_ab(tmp_path / "builder_ab_c64.json", [1.2] * 3, concurrency=64))
+    text = headline(pair, [other])
+    assert f"{SINGLE}; tiny c=64: 1.20x, paired A/B of 3 rounds, 95% CI 1.20-1.20 (builder_ab_c64.json)." in text
+
+
+def test_interpreted_pairs_say_so_and_project_nothing(tmp_path):
+    cpu_device = {"device": "cpu: x86_64 (2 cores)"}
+    runs = load_runs([known_runs.write(tmp_path, "cpu", meta=cpu_device), known_runs.write(tmp_path, "gpu", meta=cpu_device)])
+    text = headline(runs)
+    assert "with the GPU builder in Triton's interpreter (a CPU capture: says nothing about a GPU)" in text
+    assert "Projected" not in text
+
+
+def test_the_committed_ab_files_read_as_their_verdicts():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*_ab_*.json")):
+        ab, data = read_ab(path), json.loads(path.read_text())
+        verdict = data[f"paired_{ab.b}_over_{ab.a}"]
+        assert ab.median == pytest.approx(verdict["median"], rel=1e-12) and ab.rounds == verdict["rounds"]
+        assert min(ab.ratios) == pytest.approx(verdict["min"]) and max(ab.ratios) == pytest.approx(verdict["max"])
+        assert verdict["min"] <= ab.ci[0] <= ab.median <= ab.ci[1] <= verdict["max"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{not json", "unreadable A/B result"),
+    ('{"benchmark": "nvtx_overhead"}', "not an A/B result file"),
+    ('{"benchmark": "builder_ab", "settings": {}, "runs": []}', "needs `settings` (an object) and `runs`"),
+    ('{"benchmark": "builder_ab", "settings": {}, "runs": [{"round": 0, "builder": "cpu", "tok_per_s": -1}]}',
+     "`tok_per_s` (a positive number)"),
+    ('{"benchmark": "builder_ab", "settings": {}, "paired_gpu_over_cpu": {}, "runs": [{"round": 0, "builder": "cpu", '
+     '"tok_per_s": 1}, {"round": 0, "builder": "gpu", "tok_per_s": 1}, {"round": 1, "builder": "gpu", "tok_per_s": 1}]}',
+     "round 1 lacks one of the two builders"),
+])
+def test_a_bad_ab_file_is_one_line_naming_it(tmp_path, content, problem):
+    path = tmp_path / "ab.json"
+    path.write_text(content)
+    with pytest.raises(DdprofError, match=f"^{path}: .*{re.escape(problem)}"):
+        read_ab(path)
 
 
 def test_same_stage_everywhere_says_every_run(tmp_path):

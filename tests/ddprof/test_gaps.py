@@ -93,7 +93,9 @@ def test_bad_input_is_one_line(tmp_path):
     host_only.range(STEP, 0, 100)
     host_only.range("verify", 10, 60)
     path = host_only.write(tmp_path / "host.sqlite")
-    for args, message in (((path,), "no CUDA runtime calls"), ((path, "--top", "0"), "--top must be"),
+    for args, message in (((path,), "no CUDA runtime calls in this trace (a host-only capture"),
+                          ((path,), "capture on a CUDA machine for gaps, or read this trace's host time per stage "
+                                    "with ddprof breakdown"), ((path, "--top", "0"), "--top must be"),
                           ((path, "--min-ms", "-1"), "--min-ms must be")):
         done = ddprof("gaps", *args)
         assert done.returncode == 2 and message in done.stderr, done.stderr

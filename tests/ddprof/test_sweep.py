@@ -73,3 +73,8 @@ def test_a_dashboard_path_that_cannot_be_made_is_refused_before_any_capture(tmp_
     with pytest.raises(DdprofError, match=f"^{blocker / 'pages'}: cannot create the dashboard's folder"):
         run_sweep(grid(out_dir=tmp_path / "traces"), blocker / "pages" / "sweep.html")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no capture ran
+
+
+def test_the_page_title_says_what_was_swept():
+    assert grid(concurrency=(1, 8), budgets=(8, 32)).title() == (
+        "ddprof sweep: chat on tiny, concurrency 1,8 x builder cpu,gpu x budget 8,32")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddprof.attribution import OTHER
+from ddprof.capture import PHASES as CAPTURE_PHASES
 from ddprof.dashboards.headline import headline
 from ddprof.dashboards.page import write_dashboard
 from ddprof.dashboards.runs import load_runs
@@ -34,11 +35,11 @@ def swept(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sweep")
     events = []
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("TRITON_INTERPRET", raising=False)  # the sweep must set it for the GPU builder itself
+        env.delenv("TRITON_INTERPRET", raising=False)  # the capture sets it for the GPU builder's engine itself
         result = run_sweep(Grid(**GRID, out_dir=folder / "traces"), folder / "sweep.html",
                            on_capture=lambda index, total, request: events.append(("capture", index, total,
                                                                                    request.out.name)),
-                           on_requests=lambda done, total: events.append(("requests", done, total)),
+                           on_requests=lambda phase, done, total: events.append(("requests", phase, done, total)),
                            advance=lambda label: events.append(("dashboard", label)))
         interpret_after = os.environ.get("TRITON_INTERPRET")
     return folder, result, events, interpret_after
@@ -75,8 +76,11 @@ def test_progress_is_reported_per_capture_per_request_and_per_dashboard_phase(sw
     captures = [e for e in events if e[0] == "capture"]
     assert captures == [("capture", 0, 2, "chat-tiny-c2-cpu-b4"), ("capture", 1, 2, "chat-tiny-c2-gpu-b4")]
     first, second = events.index(captures[0]), events.index(captures[1])
-    all_done = ("requests", GRID["requests"], GRID["requests"])
+    all_done = ("requests", "serving", GRID["requests"], GRID["requests"])
     assert all_done in events[first:second] and all_done in events[second:]
+    for part in (events[first:second], events[second:]):  # each capture's phases, in order
+        named = [e[1] for e in part if e[0] == "requests"]
+        assert list(dict.fromkeys(named)) == list(CAPTURE_PHASES)
     phases = [e[1] for e in events if e[0] == "dashboard"]
     assert len(phases) == 2 * PHASES + 1 and phases[-1].startswith("writing ")
 

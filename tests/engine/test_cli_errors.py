@@ -27,7 +27,7 @@ def engine(*args, cwd=ROOT, env=None):
 def assert_one_line(done, *fragments):
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("engine: error: ") and "Traceback" not in done.stderr, done.stderr
     for fragment in fragments:
         assert str(fragment) in lines[0]
 

@@ -40,7 +40,7 @@ def test_cli_gpu_builder_without_cuda_is_a_one_line_error():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = cli("--model", "tiny", "--builder", "gpu", "--device", "cpu", "--prompt", "hi", env=env)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: --builder gpu")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("engine: error: --builder gpu")
 
 
 def test_gpu_builder_is_lossless_too(trained):

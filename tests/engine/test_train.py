@@ -88,12 +88,12 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_training(tmp_
     blocker = tmp_path / "file"
     blocker.write_text("a file where the folder should be")
     assert main(["train-target", "--model", "tiny", "--steps", "1", "--out", str(blocker / "pair")]) == 2
-    assert capsys.readouterr().err.startswith(f"error: --out {blocker / 'pair'}: cannot write there")
+    assert capsys.readouterr().err.startswith(f"engine: error: --out {blocker / 'pair'}: cannot write there")
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
     assert main(["train-target", "--model", "tiny", "--steps", "0"]) == 2
-    assert capsys.readouterr().err == "error: --steps must be at least 1 (got 0)\n"
+    assert capsys.readouterr().err == "engine: error: --steps must be at least 1 (got 0)\n"
 
 
 def test_training_forward_is_the_engines_model():
