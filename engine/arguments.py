@@ -67,3 +67,17 @@ def output_file(path: Path | None, flag: str) -> None:
         raise EngineError(f"{flag} {path}: cannot write ({error.strerror})") from None
     if not existed:
         path.unlink()
+
+
+def add_dtype_option(parser) -> None:
+    from engine.config import DTYPES
+
+    parser.add_argument("--dtype", choices=DTYPES, help="compute dtype (default: the checkpoint's own, config.json's "
+                        "torch_dtype or dtype; the presets: float32)")
+
+
+def dtype(name: str | None):
+    """The torch dtype `--dtype` names, None for the weights' own."""
+    import torch
+
+    return None if name is None else getattr(torch, name)
