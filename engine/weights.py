@@ -115,8 +115,7 @@ def special_tokens(directory: str | Path) -> tuple[int | None, int | None]:
         if isinstance(value, list) and len(set(value)) == 1:  # generation_config.json's list of stop tokens
             value = value[0]
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab):
-            several = " (several stop tokens are not supported; --ignore-eos decodes without one)" \
-                if isinstance(value, list) else ""
+            several = " (the engine stops at one token, not several)" if isinstance(value, list) else ""
             raise EngineError(f"{where}: {key} {value!r} is not a token id below vocab_size {vocab}{several}")
         ids.append(value)
     return ids[0], ids[1]

@@ -264,7 +264,7 @@ def test_special_tokens_come_from_generation_config_then_config(tmp_path):
     assert special_tokens(tmp_path) == (5, 7)
     (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": None, "eos_token_id": None}))
     assert special_tokens(tmp_path) == (None, None)
-    for eos, message in (([7, 8], "several stop tokens are not supported"), (TINY.vocab_size, "below vocab_size")):
+    for eos, message in (([7, 8], "stops at one token, not several"), (TINY.vocab_size, "below vocab_size")):
         (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
         with pytest.raises(EngineError, match=f"generation_config.json: eos_token_id .*{message}"):
             special_tokens(tmp_path)
