@@ -180,7 +180,8 @@ def _rope_scaling(scaling):
 def _check_yarn(scaling: dict) -> None:
     kind = scaling.get("type")
     if kind != "yarn":
-        raise EngineError(f"rope_scaling type {kind!r} is not supported (only 'yarn' or none, as in DeepSeek-V3/Kimi-K2)")
+        raise EngineError(f"rope_scaling type {kind!r} is not supported "
+                          "(only 'yarn' or none, as in DeepSeek-V3/Kimi-K2)")
     for key, value in scaling.items():
         if key not in _YARN_KINDS:
             raise EngineError(f"rope_scaling {key!r} is not supported (YaRN takes {', '.join(_YARN_KINDS)})")

@@ -171,7 +171,8 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
                 tensor = _read(f, shard, name)
                 if name in scales:
                     scale_shard = where[scales[name]]
-                    scale = _read(f, shard, scales[name]) if scale_shard == shard else _read_one(scale_shard, scales[name])
+                    scale = (_read(f, shard, scales[name]) if scale_shard == shard
+                             else _read_one(scale_shard, scales[name]))
                     try:
                         tensor = fp8.dequantize(tensor.to(model.device), scale.to(model.device), block,
                                                 params[name].dtype, name)

@@ -205,7 +205,8 @@ def test_yarn_truncate_and_attention_factor():
     attention_factor replaces mscale / mscale_all_dim as the tables' magnitude."""
     scaling = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 32.0,
                "beta_slow": 1.0}
-    rounded, exact = rope_frequencies(32, 10000.0, scaling), rope_frequencies(32, 10000.0, {**scaling, "truncate": False})
+    rounded = rope_frequencies(32, 10000.0, scaling)
+    exact = rope_frequencies(32, 10000.0, {**scaling, "truncate": False})
     assert torch.equal(rounded, rope_frequencies(32, 10000.0, {**scaling, "truncate": True}))
     assert not torch.equal(rounded, exact) and torch.equal(rounded[:2], exact[:2])  # fast ones kept either way
     plain = Rotary(32, 10000.0, {**scaling, "mscale": 2.0}, 8)

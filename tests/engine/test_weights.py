@@ -12,6 +12,7 @@ from engine.config import preset
 from engine.errors import EngineError
 from engine.model import build_target
 from engine.weights import from_pretrained, save_pretrained, special_tokens
+from tests.engine.test_config import transformers5
 
 TINY = preset("tiny").model
 # Names as they appear in DeepSeek-V3 / Kimi-K2 checkpoints (layer 0 dense, layer 1 MoE).
@@ -90,11 +91,6 @@ def test_absent_config_fields_are_deepseek_v3s_and_the_files_say_where_they_diff
         from_pretrained(tmp_path)
 
 
-def transformers5(config):
-    from tests.engine.test_config import transformers5 as layout
-    return layout(config)
-
-
 def test_a_transformers5_config_loads_and_computes_in_its_dtype(tmp_path):
     config = dataclasses.replace(TINY, torch_dtype="bfloat16")
     source = build_target(config, seed=2)
@@ -118,7 +114,8 @@ def to_rotate_half_layout(tensors, config):
         q = torch.cat([q[:, :config.qk_nope_head_dim], q[:, config.qk_nope_head_dim:][:, order]], 1)
         moved[f"{attn}.q_b_proj.weight"] = q.flatten(0, 1)
         kv = moved[f"{attn}.kv_a_proj_with_mqa.weight"]
-        moved[f"{attn}.kv_a_proj_with_mqa.weight"] = torch.cat([kv[:config.kv_lora_rank], kv[config.kv_lora_rank:][order]])
+        latent, rope_rows = kv[:config.kv_lora_rank], kv[config.kv_lora_rank:]
+        moved[f"{attn}.kv_a_proj_with_mqa.weight"] = torch.cat([latent, rope_rows[order]])
     return moved
 
 
@@ -179,16 +176,21 @@ def quantized_names(tensors):
     return [n for n in tensors if n.endswith("proj.weight") or n.endswith("proj_with_mqa.weight")]
 
 
+def layer0_scales(tensors):
+    """What fp8_checkpoint writes to its second shard: layer 0's block scales."""
+    return {n: v.contiguous() for n, v in tensors.items()
+            if n.startswith("model.layers.0.") and n.endswith("_scale_inv")}
+
+
 def fp8_checkpoint(directory, source, block):
     """`source` quantized blockwise, in DeepSeek-V3's layout: layer 0's scales in a shard of their own,
     layer 1's beside their weights, and an MTP layer's shard that must never be opened."""
     tensors = dict(source.state_dict())
     for name in quantized_names(tensors):
         tensors[name], tensors[name + "_scale_inv"] = quantize_blockwise(tensors[name], block)
-    shards = {"model-00001-of-00003.safetensors": [n for n in tensors if not n.startswith("model.layers.0.")
-                                                   or not n.endswith("_scale_inv")],
-              "model-00002-of-00003.safetensors": [n for n in tensors if n.startswith("model.layers.0.")
-                                                   and n.endswith("_scale_inv")]}
+    second = layer0_scales(tensors)
+    shards = {"model-00001-of-00003.safetensors": [n for n in tensors if n not in second],
+              "model-00002-of-00003.safetensors": list(second)}
     for file, names in shards.items():
         save_file({n: tensors[n].contiguous() for n in names}, directory / file)
     (directory / "model-00003-of-00003.safetensors").write_bytes(b"not even a safetensors file")
@@ -201,7 +203,8 @@ def fp8_checkpoint(directory, source, block):
     return tensors
 
 
-@pytest.mark.parametrize("block", [(128, 128), (32, 48)])  # DeepSeek-V3's blocks (one, partial, per matrix), and partial ones
+# DeepSeek-V3's 128x128 (one partial block per tiny matrix), and several blocks with partial edges
+@pytest.mark.parametrize("block", [(128, 128), (32, 48)])
 def test_fp8_checkpoint_loads_within_fp8s_error_of_the_bf16_model(tmp_path, block):
     config = dataclasses.replace(TINY, torch_dtype="bfloat16")
     source = build_target(config, seed=9)
@@ -230,9 +233,8 @@ def test_fp8_checkpoint_loads_within_fp8s_error_of_the_bf16_model(tmp_path, bloc
      "activation_scheme 'static' is not supported"),
     (lambda d, t: (d / "config.json").write_text(json.dumps({**TINY.to_dict(), "quantization_config": {
         "quant_method": "fp8"}})), "weight_block_size None must be two positive ints"),
-    (lambda d, t: save_file({n: v.contiguous() for n, v in t.items() if n.startswith("model.layers.0.")
-                             and n.endswith("_scale_inv")} | {"model.layers.0.self_attn.o_proj.weight_scale_inv":
-                                                              torch.ones(3, 3)}, d / "model-00002-of-00003.safetensors"),
+    (lambda d, t: save_file(layer0_scales(t) | {"model.layers.0.self_attn.o_proj.weight_scale_inv": torch.ones(3, 3)},
+                            d / "model-00002-of-00003.safetensors"),
      "o_proj.weight_scale_inv has shape (3, 3); 128x128 blocks of model.layers.0.self_attn.o_proj.weight (64, 64) "
      "need (1, 1)"),
 ])
