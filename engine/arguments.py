@@ -76,3 +76,17 @@ def add_batch_invariant(parser: argparse.ArgumentParser) -> None:
                         help="compute each token's row as it would be computed alone (default: on; what makes "
                              "greedy DDTree equal AR exactly); --no-batch-invariant runs the vendor's GEMMs and "
                              "norms (cuBLAS, MKL): faster, and no longer exact")
+
+
+def add_dtype_option(parser) -> None:
+    from engine.config import DTYPES
+
+    parser.add_argument("--dtype", choices=DTYPES, help="compute dtype (default: the checkpoint's own, config.json's "
+                        "torch_dtype or dtype; the presets: float32)")
+
+
+def dtype(name: str | None):
+    """The torch dtype `--dtype` names, None for the weights' own."""
+    import torch
+
+    return None if name is None else getattr(torch, name)

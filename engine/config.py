@@ -24,49 +24,70 @@ from engine.tokenizer import load_tokenizer
 
 # What config.json may hold for each ModelConfig field, by its annotation (a string: annotations are
 # postponed); bool is an int in Python, so numbers also refuse it.
-_JSON_KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict | None": (dict, type(None))}
+_JSON_KINDS = {"int": int, "int | None": (int, type(None)), "float": (int, float), "bool": bool, "str": str,
+               "dict | None": (dict, type(None))}
+DTYPES = ("float32", "bfloat16", "float16")
+MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+# Fields that change the computation but are not ModelConfig fields: the engine implements one value
+# (DeepSeek-V3's, also the default when absent) and refuses any other.
+_ONLY = {"hidden_act": "silu", "topk_method": "noaux_tc", "attention_bias": False, "moe_layer_freq": 1,
+         "partial_rotary_factor": 1.0}
+# YaRN's keys (DeepSeek-V3's, plus transformers' truncate and attention_factor) and what each may hold.
+_YARN_KINDS = {"type": str, "factor": (int, float), "original_max_position_embeddings": int,
+               "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float),
+               "mscale_all_dim": (int, float), "truncate": bool, "attention_factor": (int, float)}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The target model. Fields are `config.json` keys; unknown keys in a file are ignored."""
+    """The target model. Fields are `config.json` keys, defaulting (when a file lacks them) to
+    transformers' DeepseekV3Config (so to DeepSeek-V3 itself), and to DeepSeek-V3's own values for
+    the keys that class lacks (scoring_func). Other keys that change the computation are refused
+    unless they hold what the engine computes (`_ONLY`, num_key_value_heads, model_type); keys
+    that do not (initializer_range, aux_loss_alpha, ep_size, use_cache, ...) are ignored.
+    Layers past num_hidden_layers (num_nextn_predict_layers' MTP layer) are not part of the target.
+    """
 
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    intermediate_size: int
-    moe_intermediate_size: int
-    n_routed_experts: int
-    num_experts_per_tok: int
-    n_shared_experts: int
-    first_k_dense_replace: int
-    routed_scaling_factor: float
-    n_group: int
-    topk_group: int
-    norm_topk_prob: bool
-    scoring_func: str
-    rope_theta: float
-    rope_scaling: dict | None
-    rms_norm_eps: float
-    max_position_embeddings: int
-    torch_dtype: str = "float32"
+    vocab_size: int = 129280
+    hidden_size: int = 7168
+    num_hidden_layers: int = 61
+    num_attention_heads: int = 128
+    q_lora_rank: int | None = 1536  # null or 0: a plain q_proj, no query compression (DeepSeek-V2-Lite)
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    intermediate_size: int = 18432
+    moe_intermediate_size: int = 2048
+    n_routed_experts: int = 256
+    num_experts_per_tok: int = 8
+    n_shared_experts: int = 1
+    first_k_dense_replace: int = 3
+    routed_scaling_factor: float = 2.5
+    n_group: int = 8
+    topk_group: int = 4
+    norm_topk_prob: bool = True
+    scoring_func: str = "sigmoid"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    torch_dtype: str = "float32"  # the checkpoint's dtype: what the engine computes in unless told otherwise
+    rope_interleave: bool = True  # False: the rotate-half layout (dims i and i + rope/2 form a pair)
+    tie_word_embeddings: bool = False
 
     def __post_init__(self):
         if self.scoring_func != "sigmoid":
             raise EngineError(f"scoring_func {self.scoring_func!r} is not supported (only 'sigmoid', as in DeepSeek-V3/Kimi-K2)")
-        if not self.q_lora_rank:
-            raise EngineError("q_lora_rank must be set: this engine implements the low-rank query path of DeepSeek-V3/Kimi-K2")
         if self.n_routed_experts % self.n_group or self.topk_group > self.n_group:
             raise EngineError(f"n_group={self.n_group} must divide n_routed_experts={self.n_routed_experts} "
                               f"and be >= topk_group={self.topk_group}")
         if self.qk_rope_head_dim % 2:
             raise EngineError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+        if self.torch_dtype not in DTYPES:
+            raise EngineError(f"torch_dtype {self.torch_dtype!r} is not supported (choose one of {', '.join(DTYPES)})")
+        if self.rope_scaling is not None:
+            _check_yarn(self.rope_scaling)
 
     @property
     def qk_head_dim(self) -> int:
@@ -82,21 +103,94 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in names - set(raw) if n != "torch_dtype")
-        if missing:
-            raise EngineError(f"lacks {', '.join(missing)}")
+        """Either layout: transformers 4's (rope_theta, rope_scaling, torch_dtype) or 5's
+        (rope_parameters with rope_theta inside, dtype)."""
+        _refuse_unimplemented(raw)
+        raw = _legacy_layout(raw)
         for field in dataclasses.fields(cls):
-            value = raw.get(field.name, field.default)
-            number = field.type in ("int", "float")
+            if field.name not in raw:
+                continue
+            value = raw[field.name]
+            number = field.type in ("int", "float", "int | None")
             right_kind = isinstance(value, _JSON_KINDS[field.type])
-            if not right_kind or (number and (isinstance(value, bool) or not value >= 0)):
+            if not right_kind or (number and value is not None and (isinstance(value, bool) or not value >= 0)):
                 raise EngineError(f"{field.name} must be a {'non-negative ' if number else ''}{field.type}, "
                                   f"not {value!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in names})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _refuse_unimplemented(raw: dict) -> None:
+    """One line naming the first key whose value the engine would otherwise compute differently."""
+    for key, implemented in _ONLY.items():
+        if key in raw and raw[key] != implemented:
+            raise EngineError(f"{key} {raw[key]!r} is not supported (only {implemented!r}, as in DeepSeek-V3/Kimi-K2)")
+    heads = raw.get("num_attention_heads", ModelConfig.num_attention_heads)
+    kv_heads = raw.get("num_key_value_heads", heads)
+    if kv_heads != heads:
+        raise EngineError(f"num_key_value_heads {kv_heads!r} differs from num_attention_heads {heads!r} "
+                          "(MLA decompresses one key and value per head)")
+    if raw.get("model_type", MODEL_TYPES[0]) not in MODEL_TYPES:
+        raise EngineError(f"model_type {raw['model_type']!r} is not supported (only {', '.join(MODEL_TYPES)})")
+
+
+def _legacy_layout(raw: dict) -> dict:
+    """transformers 5's keys moved to the legacy ones the fields use (refusing a file whose two
+    layouts disagree); YaRN's original length filled in as transformers does."""
+    raw = dict(raw)
+    if "dtype" in raw:
+        dtype = raw.pop("dtype")
+        if raw.setdefault("torch_dtype", dtype) != dtype:
+            raise EngineError(f"dtype {dtype!r} and torch_dtype {raw['torch_dtype']!r} disagree")
+    if "rope_parameters" in raw:
+        parameters = raw.pop("rope_parameters")
+        if not isinstance(parameters, dict):
+            raise EngineError(f"rope_parameters must be a dict, not {parameters!r}")
+        moved = {"rope_scaling": _rope_scaling(parameters)}
+        if "rope_theta" in parameters:
+            moved["rope_theta"] = parameters["rope_theta"]
+        for key, value in moved.items():
+            given = _rope_scaling(raw[key]) if key == "rope_scaling" and key in raw else raw.get(key, value)
+            if given != value:
+                raise EngineError(f"{key} {raw[key]!r} and rope_parameters {parameters!r} disagree")
+            raw[key] = value
+    scaling = raw["rope_scaling"] = _rope_scaling(raw.get("rope_scaling"))
+    if isinstance(scaling, dict) and "original_max_position_embeddings" not in scaling:
+        raw["rope_scaling"] = {**scaling, "original_max_position_embeddings":
+                               raw.get("max_position_embeddings", ModelConfig.max_position_embeddings)}
+    return raw
+
+
+def _rope_scaling(scaling):
+    """The scaling part of rope_scaling / rope_parameters: None for plain RoPE (transformers 4 writes
+    it as null, 5 as {"rope_type": "default", "rope_theta": ...})."""
+    if not isinstance(scaling, dict):
+        return scaling
+    scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    if "rope_type" in scaling:  # transformers' name for DeepSeek-V3's "type"
+        kind = scaling.pop("rope_type")
+        if scaling.setdefault("type", kind) != kind:
+            raise EngineError(f"rope_scaling type {scaling['type']!r} and rope_type {kind!r} disagree")
+    return None if scaling == {"type": "default"} else scaling
+
+
+def _check_yarn(scaling: dict) -> None:
+    kind = scaling.get("type")
+    if kind != "yarn":
+        raise EngineError(f"rope_scaling type {kind!r} is not supported "
+                          "(only 'yarn' or none, as in DeepSeek-V3/Kimi-K2)")
+    for key, value in scaling.items():
+        if key not in _YARN_KINDS:
+            raise EngineError(f"rope_scaling {key!r} is not supported (YaRN takes {', '.join(_YARN_KINDS)})")
+        if not isinstance(value, _YARN_KINDS[key]) or (isinstance(value, bool) and _YARN_KINDS[key] is not bool):
+            raise EngineError(f"rope_scaling {key} must be a {getattr(_YARN_KINDS[key], '__name__', 'number')}, "
+                              f"not {value!r}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if not scaling.get(key, 0) > 0:
+            raise EngineError(f"rope_scaling (yarn) needs a positive {key}")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 
+import torch
 
 from engine import arguments
 from engine.config import PRESETS, default_drafter, preset
@@ -26,12 +27,14 @@ from engine.model import TargetModel, build_target, set_batch_invariant
 from engine.tokenizer import load_tokenizer
 from engine.trained import drafter_path as drafter_path_of
 from engine.trained import has_pair, has_target, load_drafter, load_target
-from engine.weights import from_pretrained
+from engine.weights import from_pretrained, special_tokens
 
 
 def load_models(model: str, *, seed: int, device: str, weights: str | None = None,
-                drafter_path: str | None = None, random_weights: bool = False) -> tuple[TargetModel, Drafter]:
-    """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter.
+                drafter_path: str | None = None, random_weights: bool = False,
+                dtype: torch.dtype | None = None) -> tuple[TargetModel, Drafter]:
+    """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter,
+    computing in `dtype` (default: the preset's, or the checkpoint's own).
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
     target_there, drafter_there = has_target(model), drafter_path_of(model).is_file()
     if not weights and not random_weights and target_there != drafter_there:  # half a pair: not random weights
@@ -40,14 +43,14 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                           "restore it (git checkout engine/assets) or retrain it (python -m engine train-target, "
                           "train-drafter)")
     if not weights and not random_weights and has_pair(model):
-        target = load_target(model, device=device)
+        target = load_target(model, device=device, dtype=dtype)
         return target, (_matching_drafter(drafter_path, target) if drafter_path else load_drafter(model, target))
     if weights:
-        target = from_pretrained(weights, device=device)
+        target = from_pretrained(weights, device=device, dtype=dtype)
         drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
     else:
         chosen = preset(model)
-        target = build_target(chosen.model, seed=seed, device=device)
+        target = build_target(chosen.model, seed=seed, device=device, dtype=dtype)
         drafter_config = chosen.drafter
     if drafter_path:
         return target, _matching_drafter(drafter_path, target)
@@ -85,8 +88,9 @@ def register(subcommands) -> None:
                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="small", choices=list(PRESETS),
                         help="; ".join(f"{name}: {p.description}" for name, p in PRESETS.items()) + " (default small)")
-    parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors) instead of a preset; "
-                        "computes in the dtype its config.json names (the presets' trained weights: float32)")
+    parser.add_argument("--weights", help="checkpoint directory (config.json + safetensors, bf16/fp32 or FP8 "
+                        "block-quantized) instead of a preset; its bos/eos ids (generation_config.json, else "
+                        "config.json) start the prompts and stop decoding")
     parser.add_argument("--drafter", help="drafter safetensors file (default: the preset's trained drafter; with "
                         "--weights, a seeded random one)")
     parser.add_argument("--random-weights", action="store_true",
@@ -104,6 +108,7 @@ def register(subcommands) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     arguments.add_batch_invariant(parser)
+    arguments.add_dtype_option(parser)
     parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
@@ -119,11 +124,13 @@ def run(args: argparse.Namespace) -> int:
     set_batch_invariant(args.batch_invariant)
     tokenizer = load_tokenizer()
     texts = args.prompt or ["The quick brown fox"]
+    bos, eos = special_tokens(args.weights) if args.weights else (tokenizer.bos_id, tokenizer.eos_id)
     target, drafter = load_models(args.model, seed=args.seed, device=args.device, weights=args.weights,
-                                  drafter_path=args.drafter, random_weights=args.random_weights)
-    prompts = [[tokenizer.bos_id] + tokenizer.encode(t) for t in texts]
+                                  drafter_path=args.drafter, random_weights=args.random_weights,
+                                  dtype=arguments.dtype(args.dtype))
+    prompts = [[bos] * (bos is not None) + tokenizer.encode(t) for t in texts]
     results = generate(target, drafter, prompts, mode=args.mode, builder=args.builder, budget=args.budget,
-                       max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else tokenizer.eos_id,
+                       max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else eos,
                        nvtx=not args.no_nvtx, temperature=args.temperature, sample_seed=args.sample_seed)
     rows = [{"tokens": r.tokens, "target_forwards": r.target_forwards, "accept_lengths": r.accept_lengths,
              "text": tokenizer.decode(r.tokens)} for r in results]

@@ -119,27 +119,45 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 
 def rope_frequencies(dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """[dim/2] rotation frequencies; YaRN keeps the fast ones, divides the slow ones by `factor`,
-    and blends in between by a linear ramp over the correction range (DeepSeek-V3)."""
+    and blends in between by a linear ramp over the correction range (DeepSeek-V3; the range's
+    ends rounded outwards unless `truncate` is false, as transformers reads that key)."""
     freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    if not scaling or scaling.get("type", scaling.get("rope_type")) != "yarn":
+    if not scaling:
         return freqs
 
     def correction_dim(rotations: float) -> float:
         original = scaling["original_max_position_embeddings"]
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(correction_dim(scaling.get("beta_fast", 32))), 0)
-    high = min(math.ceil(correction_dim(scaling.get("beta_slow", 1))), dim - 1)
+    low, high = correction_dim(scaling.get("beta_fast", 32)), correction_dim(scaling.get("beta_slow", 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
     return freqs / scaling["factor"] * ramp + freqs * (1 - ramp)
 
 
-class Rotary(nn.Module):
-    """cos/sin tables for every position, computed once (so a position's values never vary)."""
+def yarn_magnitude(scaling: dict | None) -> float:
+    """How much YaRN scales cos and sin: `attention_factor` when the config names one (transformers'
+    key), else mscale(factor) / mscale_all_dim(factor) as DeepSeek-V3's own code computes it."""
+    if not scaling:
+        return 1.0
+    if "attention_factor" in scaling:
+        return scaling["attention_factor"]
+    factor = scaling["factor"]
+    return yarn_mscale(factor, scaling.get("mscale", 1)) / yarn_mscale(factor, scaling.get("mscale_all_dim", 0))
 
-    def __init__(self, dim: int, theta: float, scaling: dict | None, max_positions: int):
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position, computed once (so a position's values never vary).
+
+    The pairs rotated together: adjacent dims (2i, 2i + 1) when `interleaved` (DeepSeek-V3's and
+    Kimi-K2's checkpoints, config `rope_interleave: true`), else dims i and i + dim/2 (the rotate-half
+    layout of Llama-style checkpoints, `rope_interleave: false`)."""
+
+    def __init__(self, dim: int, theta: float, scaling: dict | None, max_positions: int, interleaved: bool = True):
         super().__init__()
-        self.dim, self.theta, self.scaling = dim, theta, scaling
+        self.dim, self.theta, self.scaling, self.interleaved = dim, theta, scaling, interleaved
         self.register_buffer("cos", torch.empty(max_positions, dim // 2), persistent=False)
         self.register_buffer("sin", torch.empty(max_positions, dim // 2), persistent=False)
         self.fill_tables()
@@ -150,27 +168,27 @@ class Rotary(nn.Module):
             return
         positions = torch.arange(self.cos.shape[0], dtype=torch.float64, device=self.cos.device)
         angles = torch.outer(positions, rope_frequencies(self.dim, self.theta, self.scaling).to(self.cos.device))
-        magnitude = 1.0
-        if self.scaling and self.scaling.get("type", self.scaling.get("rope_type")) == "yarn":
-            factor = self.scaling["factor"]
-            magnitude = (yarn_mscale(factor, self.scaling.get("mscale", 1))
-                         / yarn_mscale(factor, self.scaling.get("mscale_all_dim", 0)))
+        magnitude = yarn_magnitude(self.scaling)
         with torch.no_grad():
             self.cos.copy_(angles.cos() * magnitude)
             self.sin.copy_(angles.sin() * magnitude)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate adjacent pairs of x [..., P, (heads,) dim] by their positions [..., P]."""
+        """Rotate the pairs of x [..., P, (heads,) dim] by their positions [..., P]."""
         cos, sin = self.cos[positions], self.sin[positions]
         if x.dim() == positions.dim() + 2:  # a heads axis
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        pairs = x.float().unflatten(-1, (-1, 2))
-        real, imag = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+        pairs = x.float().unflatten(-1, (-1, 2) if self.interleaved else (2, -1))
+        axis = -1 if self.interleaved else -2
+        real, imag = pairs.select(axis, 0), pairs.select(axis, 1)
+        rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=axis)
         return rotated.flatten(-2).to(x.dtype)
 
 
 # --- Multi-head latent attention -----------------------------------------------------------------
+
+
+LATENT_NORM_EPS = 1e-6
 
 
 class MLA(nn.Module):
@@ -188,11 +206,17 @@ class MLA(nn.Module):
         self.config = c
         self.rotary = [rotary]  # shared with the model; a list keeps it out of this module's state
         heads = c.num_attention_heads
-        self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
-        self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
-        self.q_b_proj = nn.Linear(c.q_lora_rank, heads * c.qk_head_dim, bias=False)
+        # The two latent norms are built at eps 1e-6 whatever rms_norm_eps says, as DeepSeek-V3's
+        # reference model.py and transformers' DeepseekV3Attention build them (vLLM and SGLang use
+        # rms_norm_eps; the published configs and the presets say 1e-6, so all agree on them).
+        if c.q_lora_rank:
+            self.q_a_proj = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, heads * c.qk_head_dim, bias=False)
+        else:  # no query compression (q_lora_rank null): DeepSeek-V2-Lite's plain q_proj
+            self.q_proj = nn.Linear(c.hidden_size, heads * c.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, bias=False)
-        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * c.v_head_dim, c.hidden_size, bias=False)
         scaling = c.rope_scaling or {}
@@ -202,7 +226,10 @@ class MLA(nn.Module):
     def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., hidden] -> q_nope [..., H, nope], q_rope [..., H, rope] (roped)."""
         c = self.config
-        q = linear(self.q_a_layernorm(linear(x, self.q_a_proj.weight)), self.q_b_proj.weight)
+        if c.q_lora_rank:
+            q = linear(self.q_a_layernorm(linear(x, self.q_a_proj.weight)), self.q_b_proj.weight)
+        else:
+            q = linear(x, self.q_proj.weight)
         q = q.unflatten(-1, (c.num_attention_heads, c.qk_head_dim))
         q_nope, q_rope = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         return q_nope, self.rotary[0](q_rope, positions)
@@ -425,7 +452,7 @@ class Backbone(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.rotary = Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling,
-                             config.max_position_embeddings)
+                             config.max_position_embeddings, interleaved=config.rope_interleave)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -439,11 +466,17 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Tied (tie_word_embeddings): the output head is the embedding itself, no lm_head tensor.
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                         bias=False)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return (self.model.embed_tokens if self.lm_head is None else self.lm_head).weight
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.head_weight.device
 
     def cast(self, dtype: torch.dtype) -> TargetModel:
         """Weights in `dtype`; position tables and routers stay float32, as the reference code keeps them."""
@@ -464,14 +497,14 @@ class TargetModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.head_weight.dtype
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head, in float32 (the drafter reuses this head on its own hidden states)."""
-        return linear(self.model.norm(hidden), self.lm_head.weight).float()
+        return linear(self.model.norm(hidden), self.head_weight).float()
 
     def _run_layers(self, x: torch.Tensor, attend_layer, feature_layers) -> tuple[torch.Tensor, torch.Tensor | None]:
         features = []

@@ -50,6 +50,7 @@ def register(subcommands) -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy (default); > 0: lossless sampling, each request seeded by its id")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    arguments.add_dtype_option(parser)
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch threads on the CPU (default 1: on shared cores, every op with more threads "
                              "waits for whichever OpenMP thread was descheduled)")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(args.progress, len(requests))  # "loading" until the serving loop starts
     with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
                         f"rows on {device}"):
-        target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device)
+        target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device, dtype=arguments.dtype(args.dtype))
         # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
@@ -113,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
     if args.summary:
-        _write_json(args.summary, _summary(args, requests, result, wall_s, device))
+        _write_json(args.summary, _summary(args, requests, result, wall_s, device,
+                                           str(target.dtype).removeprefix("torch.")))
     return 0
 
 
@@ -134,7 +136,7 @@ def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int) -> None:
 
 
 def _summary(args: argparse.Namespace, requests: list[Request], result: ServeResult, wall_s: float,
-             device: str) -> dict:
+             device: str, dtype: str) -> dict:
     """The run's JSON summary (see the module docstring for how tokens are counted)."""
     import torch
 
@@ -144,7 +146,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
         "temperature": args.temperature, "batch_invariant": args.batch_invariant,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
-        "weights": trained.describe(args.model, seed=WEIGHT_SEED),
+        "weights": trained.describe(args.model, seed=WEIGHT_SEED), "dtype": dtype,
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
         "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
         "generated_tokens": result.generated_tokens, "steps": result.steps,

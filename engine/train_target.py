@@ -98,11 +98,12 @@ def held_out_loss(model: TargetModel, tokenizer, seq_len: int, *, seed: int = 0)
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
 
 
-def save_target(model: TargetModel, directory: Path) -> None:
-    """The checkpoint in the storage dtype (routers and position tables stay float32, see TargetModel.cast);
-    a run that diverged (NaN or Inf weights) writes nothing over the checkpoint there."""
+def save_target(model: TargetModel, directory: Path, tokenizer) -> None:
+    """The checkpoint in the storage dtype (routers and position tables stay float32, see TargetModel.cast),
+    naming the tokenizer's bos/eos ids as a checkpoint does; a run that diverged (NaN or Inf weights)
+    writes nothing over the checkpoint there."""
     require_finite(model, f"train-target (not saved to {directory})")
-    save_pretrained(copy.deepcopy(model).cast(STORAGE_DTYPE), directory)
+    save_pretrained(copy.deepcopy(model).cast(STORAGE_DTYPE), directory, special=(tokenizer.bos_id, tokenizer.eos_id))
 
 
 def register(subcommands) -> None:
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             update(info=f"loss {sum(recent) / len(recent):.3f}")
 
         model, losses = train_target(config, tokenizer, recipe, lr=args.lr, seed=args.seed, on_step=on_step)
-    save_target(model, out / "target")
+    save_target(model, out / "target", tokenizer)
     stale = [path for path in (out / "drafter.safetensors", out / "train-drafter.json") if path.exists()]
     for path in stale:  # distilled from the target just replaced: no longer its pair
         path.unlink()

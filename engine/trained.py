@@ -49,11 +49,13 @@ def has_pair(name: str) -> bool:
     return has_target(name) and drafter_path(name).is_file()
 
 
-def load_target(name: str, *, device: str | torch.device = "cpu", directory: Path | None = None) -> TargetModel:
-    """The trained target of preset `name` (from `directory` if given), computing in the preset's dtype."""
+def load_target(name: str, *, device: str | torch.device = "cpu", directory: Path | None = None,
+                dtype: torch.dtype | None = None) -> TargetModel:
+    """The trained target of preset `name` (from `directory` if given), computing in `dtype`
+    (default: the preset's)."""
     wanted = preset(name).model
     directory = directory or target_dir(name)
-    target = from_pretrained(directory, device=device, dtype=getattr(torch, wanted.torch_dtype))
+    target = from_pretrained(directory, device=device, dtype=dtype or getattr(torch, wanted.torch_dtype))
     stored = dataclasses.replace(target.config, torch_dtype=wanted.torch_dtype)
     if stored != wanted:
         raise EngineError(f"{directory}: trained for a different {name!r} preset than engine/config.py defines; "

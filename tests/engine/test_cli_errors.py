@@ -76,7 +76,9 @@ def test_a_budget_the_gpu_builder_cannot_build_is_refused_by_serve_check_too():
 @pytest.mark.parametrize("files, nan, fragment", [
     ({"model.safetensors": b"not safetensors"}, False, "model.safetensors: not a readable safetensors file"),
     ({"config.json": b"\xff\xfe{}"}, False, "config.json: not valid JSON"),
-    ({"config.json": b'{"hidden_size": 64}'}, False, "config.json: lacks"),
+    # Absent fields take DeepSeek-V3's values (61 layers, the first 3 dense), which these files do not hold.
+    ({"config.json": b'{"hidden_size": 64}'}, False, "unexpected tensor model.layers.1.mlp.experts"),
+    ({"config.json": b'{"hidden_act": "gelu"}'}, False, "config.json: hidden_act 'gelu' is not supported"),
     (None, True, "holds NaN or Inf"),
 ])
 def test_a_spoilt_checkpoint_is_one_line_naming_its_file(tmp_path, files, nan, fragment):

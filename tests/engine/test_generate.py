@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -77,3 +78,25 @@ def test_batch_invariance_is_switched_per_process_and_training_turns_it_off():
         assert not model._batch_invariant
     finally:
         model.set_batch_invariant(True)
+
+
+def test_cli_weights_compute_in_the_given_dtype_and_stop_at_the_checkpoints_eos(tmp_path):
+    """The trained tiny target as a checkpoint: stored in bf16, so `--dtype float32` is what the preset
+    computes; its config.json's eos_token_id is where decoding stops."""
+    preset_tokens = generate_json("ar")["tokens"]
+    checkpoint = tmp_path / "target"
+    shutil.copytree(os.path.join(ROOT, "engine", "assets", "tiny", "target"), checkpoint)
+    common = ["--weights", str(checkpoint), "--mode", "ar", "--max-new-tokens", "20", "--prompt", "Hello, world",
+              "--json"]
+    done = cli(*common, "--dtype", "float32")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tokens"] == preset_tokens
+    stop = preset_tokens[next(i for i in range(2, 20) if preset_tokens[i] not in preset_tokens[:i])]
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "eos_token_id": stop}))
+    done = cli(*common, "--dtype", "float32")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tokens"] == preset_tokens[:preset_tokens.index(stop) + 1]
+    done = cli(*common)  # the checkpoint's own dtype, bf16
+    assert done.returncode == 0, done.stderr
+    assert 1 <= len(json.loads(done.stdout)["tokens"]) <= 20

@@ -1,11 +1,15 @@
 """Greedy DDTree decoding emits exactly the autoregressive tokens, whatever the budget or batch."""
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 import engine.ddtree
+from engine.config import preset
+from engine.drafter import build_drafter
+from engine.model import build_target
 from engine.engine import Engine
 from engine.tokenizer import load_tokenizer
 
@@ -88,8 +92,19 @@ def oracle_propose(sequences, generator):
     return propose
 
 
+@pytest.fixture(scope="module")
+def variant():
+    """tiny as checkpoints without DeepSeek-V3's own choices come: rotate-half RoPE (rope_interleave
+    false), no query compression (q_lora_rank null), the head tied to the embedding."""
+    p = preset("tiny")
+    config = dataclasses.replace(p.model, rope_interleave=False, q_lora_rank=None, tie_word_embeddings=True)
+    return build_target(config, seed=0), build_drafter(p.drafter, config, seed=1)
+
+
+@pytest.mark.parametrize("models", ["tiny", "variant"])
 @pytest.mark.parametrize("budget", [6, 12])  # more nodes than the depth: siblings, so accepted rows move
-def test_lossless_with_long_accepted_paths(tiny, monkeypatch, budget):
+def test_lossless_with_long_accepted_paths(request, monkeypatch, models, budget):
+    tiny = request.getfixturevalue(models)
     prompts = [encode(p) for p in PROMPTS]
     reference = decode_all(tiny, "ar", prompts)
     sequences = {i: prompts[i] + reference[i].tokens for i in range(len(prompts))}

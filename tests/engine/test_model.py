@@ -173,3 +173,64 @@ def test_the_moe_ab_switches_the_cuda_path_and_restores_it():
             assert MoE.fused_on_cuda
         assert not MoE.fused_on_cuda
     assert MoE.fused_on_cuda
+
+
+def rotate_half_reference(x, positions, freqs):
+    """transformers' apply_rotary_pos_emb (rope_interleave false): dims i and i + d/2 rotate together."""
+    angles = torch.outer(positions.double(), freqs)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated_half * sin
+
+
+def test_rope_layouts_rotate_the_pairs_their_checkpoints_use():
+    x = torch.randn(5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    positions = torch.tensor([0, 3, 17, 200, 511])
+    freqs = rope_frequencies(16, 10000.0, None)
+    half = Rotary(16, 10000.0, None, 512, interleaved=False)
+    torch.testing.assert_close(half(x, positions).double(), rotate_half_reference(x, positions, freqs),
+                               rtol=1e-6, atol=1e-6)
+    # Interleaved (DeepSeek-V3's own layout) is the same rotation of the dims taken as (0, 2, 4, ..., 1, 3, ...).
+    order = torch.cat([torch.arange(0, 16, 2), torch.arange(1, 16, 2)])
+    interleaved = Rotary(16, 10000.0, None, 512)(x, positions)
+    torch.testing.assert_close(interleaved[:, order].double(), rotate_half_reference(x[:, order], positions, freqs),
+                               rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(interleaved, half(x, positions))
+
+
+def test_yarn_truncate_and_attention_factor():
+    """transformers' YaRN keys: truncate false keeps the correction range's ends fractional;
+    attention_factor replaces mscale / mscale_all_dim as the tables' magnitude."""
+    scaling = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 32.0,
+               "beta_slow": 1.0}
+    rounded = rope_frequencies(32, 10000.0, scaling)
+    exact = rope_frequencies(32, 10000.0, {**scaling, "truncate": False})
+    assert torch.equal(rounded, rope_frequencies(32, 10000.0, {**scaling, "truncate": True}))
+    assert not torch.equal(rounded, exact) and torch.equal(rounded[:2], exact[:2])  # fast ones kept either way
+    plain = Rotary(32, 10000.0, {**scaling, "mscale": 2.0}, 8)
+    forced = Rotary(32, 10000.0, {**scaling, "mscale": 2.0, "attention_factor": 1.25}, 8)
+    torch.testing.assert_close(plain.cos.square() + plain.sin.square(), torch.full((8, 16), yarn_mscale(8.0, 2.0) ** 2))
+    torch.testing.assert_close(forced.cos.square() + forced.sin.square(), torch.full((8, 16), 1.25 ** 2))
+
+
+def test_latent_norms_use_eps_1e6_whatever_rms_norm_eps_says():
+    """As DeepSeek-V3's reference model.py and transformers build q_a_layernorm and kv_a_layernorm."""
+    model = build_target(dataclasses.replace(TINY, rms_norm_eps=1e-5), seed=0)
+    attn, layer = model.model.layers[0].self_attn, model.model.layers[0]
+    assert attn.q_a_layernorm.eps == attn.kv_a_layernorm.eps == 1e-6
+    assert layer.input_layernorm.eps == model.model.norm.eps == 1e-5
+
+
+def test_without_query_compression_the_query_is_one_projection():
+    """q_lora_rank null (DeepSeek-V2-Lite style): the queries are q_proj x, split into the nope part
+    and the roped part, with no low-rank path or its norm."""
+    plain = build_target(dataclasses.replace(TINY, q_lora_rank=None), seed=3, dtype=torch.float64)
+    attn = plain.model.layers[0].self_attn
+    assert not hasattr(attn, "q_a_proj") and attn.q_proj.weight.shape == (4 * TINY.qk_head_dim, TINY.hidden_size)
+    x = torch.randn(6, TINY.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(6)
+    q_nope, q_rope = attn.queries(x, positions)
+    want = F.linear(x, attn.q_proj.weight).unflatten(-1, (4, TINY.qk_head_dim))
+    torch.testing.assert_close(q_nope, want[..., :TINY.qk_nope_head_dim])
+    torch.testing.assert_close(q_rope, attn.rotary[0](want[..., TINY.qk_nope_head_dim:], positions))

@@ -140,7 +140,7 @@ def test_a_diverged_run_saves_nothing(tmp_path):
         next(target.parameters()).fill_(float("nan"))
         next(drafter.parameters()).fill_(float("inf"))
     with pytest.raises(EngineError, match="not saved to .*holds NaN or Inf"):
-        save_target(target, tmp_path / "target")
+        save_target(target, tmp_path / "target", TOKENIZER)
     with pytest.raises(EngineError, match="not saved to .*holds NaN or Inf"):
         save_drafter(drafter, tmp_path / "drafter.safetensors")
     assert list(tmp_path.iterdir()) == []
