@@ -57,7 +57,7 @@ class DrafterAttention(nn.Module):
         k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in keys_values.chunk(2, dim=-1))
         if visible is None:
             visible = torch.cat([context_valid, context_valid.new_ones(bs, block)], dim=1)[:, None, :]
-        # Not cuDNN's attention: it plans each new (batch, context) shape, ~75 ms of host time per plan on
+        # Not cuDNN's attention: it plans each new (batch, context) shape, 49-81 ms of host time per plan on
         # the H200 (17 of 31 k2-layer draft steps paid one in gpu_captures_h200_k2_fused_moe.json).
         with sdpa_kernel(NO_PLANNING_BACKENDS):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible[:, None])

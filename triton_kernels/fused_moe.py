@@ -77,17 +77,23 @@ def route_to_blocks(experts: torch.Tensor, n_experts: int, block_m: int) -> Rout
 
 
 @triton.jit
+def _row_tile(block_expert_ptr, row_pair_ptr, BLOCK_M: tl.constexpr):
+    """This program's row tile (grid axis 0): its expert (-1 past the last tile), its rows, and the
+    pair on each row (-1 for padding)."""
+    block = tl.program_id(0)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.load(block_expert_ptr + block), rows, tl.load(row_pair_ptr + rows)
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w13_ptr, h_ptr, row_pair_ptr, block_expert_ptr, H, I,
                     stride_we, stride_wn, stride_wk, TOP_K: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    block, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + block)
+    expert, rows, pair = _row_tile(block_expert_ptr, row_pair_ptr, BLOCK_M)
     if expert < 0:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(row_pair_ptr + rows)
     token = tl.where(pair >= 0, pair // TOP_K, 0)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     x = x_ptr + token[:, None] * H + ks[None, :]
     w_gate = w13_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk
@@ -117,14 +123,11 @@ def _gate_up_kernel(x_ptr, w13_ptr, h_ptr, row_pair_ptr, block_expert_ptr, H, I,
 def _down_kernel(h_ptr, w2_ptr, y_ptr, weight_ptr, row_pair_ptr, block_expert_ptr, H, I,
                  stride_we, stride_wn, stride_wk,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    block, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + block)
+    expert, rows, pair = _row_tile(block_expert_ptr, row_pair_ptr, BLOCK_M)
     if expert < 0:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(row_pair_ptr + rows)
     used = pair >= 0
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     h = h_ptr + rows[:, None].to(tl.int64) * I + ks[None, :]
     w = w2_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk

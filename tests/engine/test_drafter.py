@@ -91,7 +91,7 @@ def test_a_file_without_the_configs_entry_is_refused_in_one_line(tmp_path):
 
 
 def test_attention_never_runs_through_cudnn(tiny, monkeypatch):
-    """cuDNN's attention plans every new shape (~75 ms of host time each on the H200): the drafter
+    """cuDNN's attention plans every new shape (49-81 ms of host time each on the H200): the drafter
     turns it off around its attention, and leaves the global setting as it was."""
     target, drafter = tiny
     seen = []
