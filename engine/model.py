@@ -565,13 +565,14 @@ def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
 
 
 def allocate_target(config: ModelConfig, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype | None = None) -> TargetModel:
+                    dtype: torch.dtype | None = None, stacked: bool | None = None) -> TargetModel:
     """A target with uninitialised weights, allocated once, on `device`, in its final dtype (K2
     shapes would not fit one GPU in float32 even for a moment); only the RoPE tables are filled.
-    On CUDA the MoE experts are allocated stacked (`MoE.stack_experts`), for the fused kernels."""
+    With `stacked` (default: on CUDA) the MoE experts are allocated stacked (`MoE.stack_experts`),
+    the layout the fused kernels read."""
     with torch.device("meta"):
         model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" if stacked is None else stacked:
         model.stack_experts(device)
     materialize(model, device)
     model.model.rotary.fill_tables()

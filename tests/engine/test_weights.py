@@ -280,3 +280,24 @@ def test_fp8_checkpoint_dequantizes_on_the_gpu_as_on_the_cpu(tmp_path):
     assert gpu.device.type == "cuda" and gpu.dtype == torch.bfloat16
     for name, tensor in cpu.state_dict().items():
         assert torch.equal(gpu.state_dict()[name].cpu(), tensor), name
+
+
+def test_a_checkpoint_loads_into_stacked_experts(tmp_path, monkeypatch):
+    """On CUDA the experts are allocated as views of two stacks (the fused MoE reads the stacks):
+    loading must fill the stacks through the per-expert names. Stacked here on the CPU, as on CUDA."""
+    import functools
+
+    import engine.model as model
+    import engine.weights as weights
+
+    source = build_target(TINY, seed=5)
+    save_pretrained(source, tmp_path)
+    monkeypatch.setattr(weights, "allocate_target", functools.partial(model.allocate_target, stacked=True))
+    loaded = from_pretrained(tmp_path)
+    for layer, original in zip(loaded.model.layers, source.model.layers):
+        if isinstance(layer.mlp, model.MoE):
+            w13, w2 = layer.mlp.stacked()  # still views
+            for e, expert in enumerate(original.mlp.experts):
+                assert torch.equal(w13[e], torch.cat([expert.gate_proj.weight, expert.up_proj.weight]))
+                assert torch.equal(w2[e], expert.down_proj.weight)
+    assert torch.equal(logits_of(loaded), logits_of(source))
