@@ -198,8 +198,8 @@ class Export:
     def graph_launch(self, launch: tuple[int, int], nodes: Sequence[tuple[int, int, str]], *, mode: str,
                      graph: int = 1, pid: int = 1, tid: int = 1, api: str = "cudaGraphLaunch_v10000") -> int:
         """One replay of CUDA graph `graph`, launched by a `cudaGraphLaunch` call over `launch`;
-        `nodes` are its ops as (start, end, kind: kernel | memcpy | memset; a memcpy node copies
-        device to pageable host memory). As nsys writes them, by `mode` (GRAPH_MODES): `node`, each
+        `nodes` are its ops as (start, end, kind: kernel | memcpy | memset; a kernel node is named
+        graph<graph>.node<index>, a memcpy node copies device to pageable host memory). As nsys writes them, by `mode` (GRAPH_MODES): `node`, each
         node its own row with the launch's correlationId and its graphNodeId (the same in every
         replay); `graph`, one CUPTI_ACTIVITY_KIND_GRAPH_TRACE row from the first node's start to the
         last one's end, with the launch's correlationId (the 2025.3 schema only)."""
@@ -211,8 +211,9 @@ class Export:
             return correlation
         write = {"kernel": self.kernel, "memcpy": self.memcpy, "memset": self.memset}
         for index, (start, end, kind) in enumerate(nodes):
+            named = {"name": f"graph{graph}.node{index}"} if kind == "kernel" else {}
             write[kind](start, end, launch=None, pid=pid, tid=tid, correlation=correlation,
-                        graph_node=graph * 1_000 + index)
+                        graph_node=graph * 1_000 + index, **named)
         return correlation
 
     def write(self, path: Path) -> Path:

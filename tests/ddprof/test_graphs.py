@@ -56,10 +56,10 @@ def test_graph_work_after_its_range_belongs_to_the_launching_stage(schema, mode,
     assert set(launched["launch_api"]) == {"cudaGraphLaunch"}
 
 
-def test_a_step_owns_the_graph_work_of_the_step_before_while_it_runs(tmp_path):
+def handed_over() -> Export:
     """Step 0 [0, 50): draft [0, 10) launches a graph that runs [60, 90), inside step 1 [55, 120),
     whose draft [55, 65) launches nothing and whose verify [65, 75) launches a graph running
-    [95, 110). Step 1's ns go to whichever stage's graph runs then: step 0's draft for [60, 90)."""
+    [115, 130), past the step's end."""
     export = Export("2025.3")
     export.range(STEP, 0, 50)
     export.range("draft", 0, 10)
@@ -67,15 +67,21 @@ def test_a_step_owns_the_graph_work_of_the_step_before_while_it_runs(tmp_path):
     export.range(STEP, 55, 120)
     export.range("draft", 55, 65)
     export.range("verify", 65, 75)
-    export.graph_launch((66, 68), [(95, 110, "kernel")], mode="node", graph=2)
-    attribution = attribute(load(export.write(tmp_path / "run.sqlite")))
+    export.graph_launch((66, 68), [(115, 130, "kernel")], mode="node", graph=2)
+    return export
+
+
+def test_a_step_owns_the_graph_work_of_the_step_before_while_it_runs(tmp_path):
+    """Step 1's ns go to whichever stage's graph runs then: step 0's draft for [60, 90)."""
+    attribution = attribute(load(handed_over().write(tmp_path / "run.sqlite")))
     crit = attribution.matrix("crit_ns")
     gpu = attribution.matrix("gpu_ns")
     assert crit[0].tolist() == [10, 0, 0, 0, 0, 0, 40]  # draft host, then nothing runs: other
-    # [55,60) draft host | [60,90) step 0's draft graph | [90,95) other | [95,110) verify's graph | other
-    assert crit[1].tolist() == [5 + 30, 0, 15, 0, 0, 0, 5 + 10]
+    # [55,60) draft host | [60,90) step 0's draft graph | [90,115) other | [115,120) verify's graph
+    assert crit[1].tolist() == [5 + 30, 0, 5, 0, 0, 0, 25]
+    # GPU time counts for the launching step and stage, wherever it runs (verify's past its step).
     assert gpu[0].tolist() == [30, 0, 0, 0, 0, 0, 0] and gpu[1].tolist() == [0, 0, 15, 0, 0, 0, 0]
-    assert attribution.gpu_ops.sort("start")["step_id"].to_list() == [0, 0, 1]  # the launching step
+    assert attribution.gpu_ops.sort("start")["step_id"].to_list() == [0, 0, 1]
 
 
 def test_breakdown_says_how_graphs_were_recorded(tmp_path):
