@@ -22,6 +22,7 @@ from ddprof.load import GRAPH, Trace
 
 GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime and driver API (suffixes stripped)
 NODE_MODE, GRAPH_MODE, NO_GRAPHS = "node", "graph", "none"
+_KEY_SPAN = 1 << 32  # correlation ids are 32-bit: pid * span + id is one launch
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,7 @@ def op_counts(gpu_ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per op: whether it is a GPU op (a kernel, memcpy or memset, graph nodes included; a
     whole-graph record is a replay, not an op), and whether it opens a graph launch (its record, or
     the first listed node of its launch), as 0/1 weights."""
-    is_record = pl.col("kind") == GRAPH
-    node_launch = pl.when(pl.col("graph_node_id").is_not_null()).then(pl.struct("pid", "correlation_id"))
-    flags = gpu_ops.select(
-        is_op=~is_record,
-        opens=is_record | (pl.col("graph_node_id").is_not_null() & node_launch.is_first_distinct()))
+    is_record, is_node = pl.col("kind") == GRAPH, pl.col("graph_node_id").is_not_null()
+    launch = pl.when(is_node).then(pl.col("pid") * _KEY_SPAN + pl.col("correlation_id"))  # null for other ops
+    flags = gpu_ops.select(is_op=~is_record, opens=is_record | (is_node & launch.is_first_distinct()))
     return flags["is_op"].cast(pl.Int64).to_numpy(), flags["opens"].cast(pl.Int64).to_numpy()

@@ -199,10 +199,11 @@ class Export:
                      graph: int = 1, pid: int = 1, tid: int = 1, api: str = "cudaGraphLaunch_v10000") -> int:
         """One replay of CUDA graph `graph`, launched by a `cudaGraphLaunch` call over `launch`;
         `nodes` are its ops as (start, end, kind: kernel | memcpy | memset; a kernel node is named
-        graph<graph>.node<index>, a memcpy node copies device to pageable host memory). As nsys writes them, by `mode` (GRAPH_MODES): `node`, each
-        node its own row with the launch's correlationId and its graphNodeId (the same in every
-        replay); `graph`, one CUPTI_ACTIVITY_KIND_GRAPH_TRACE row from the first node's start to the
-        last one's end, with the launch's correlationId (the 2025.3 schema only)."""
+        graph<graph>.node<index>, a memcpy node copies device to pageable host memory). As nsys
+        writes them, by `mode` (GRAPH_MODES): `node`, each node its own row with the launch's
+        correlationId and its graphNodeId (the same in every replay); `graph`, one
+        CUPTI_ACTIVITY_KIND_GRAPH_TRACE row from the first node's start to the last one's end, with
+        the launch's correlationId (the 2025.3 schema only)."""
         correlation = self.runtime_call(api, *launch, pid=pid, tid=tid)
         if mode == "graph":
             self.tables.setdefault("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", []).append(dict(
