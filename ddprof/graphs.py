@@ -41,11 +41,19 @@ class GraphTrace:
 
 def graph_trace(trace: Trace) -> GraphTrace:
     """How the trace recorded its graph replays; refuses one whose replays left no GPU record at all
-    (every graph's GPU time would read as 0, the GPU idle, when it was not)."""
+    (every graph's GPU time would read as 0, the GPU idle, when it was not), and one whose graph
+    records name no launch call (all graph work would be `other`)."""
     launches = int(trace.runtime["api"].is_in(GRAPH_LAUNCH_APIS).sum())
-    records = int((trace.gpu_ops["kind"] == GRAPH).sum())
-    nodes = int(trace.gpu_ops["graph_node_id"].is_not_null().sum())
-    if launches and not (records or nodes):
+    ops = trace.gpu_ops
+    of_graphs = ops.filter((pl.col("kind") == GRAPH) | pl.col("graph_node_id").is_not_null())
+    records = int((of_graphs["kind"] == GRAPH).sum())
+    nodes = of_graphs.height - records
+    if of_graphs.height and not of_graphs["launch_api"].is_in(GRAPH_LAUNCH_APIS).any():
+        raise DdprofError(
+            f"{trace.source}: {of_graphs.height} GPU records of CUDA graph replays, none with the correlationId of "
+            f"a graph launch call ({launches} in the trace): this nsys ties graph work to its launch some other way "
+            "than ddprof reads, and every graph's work would count as launched outside every stage")
+    if launches and not of_graphs.height:
         raise DdprofError(
             f"{trace.source}: {launches} CUDA graph launches but no GPU record of any graph replay (nsys "
             "--cuda-graph-trace=graph, its default, exported by an nsys whose SQLite export has no "

@@ -120,6 +120,19 @@ def test_graph_launches_without_any_gpu_record_are_refused_in_one_line(tmp_path)
     assert done.stderr.startswith(f"ddprof: error: {path}: ") and "--cuda-graph-trace=node" in done.stderr
 
 
+def test_graph_records_tied_to_no_launch_call_are_refused(tmp_path):
+    """If an nsys gave graph work another correlationId than its cudaGraphLaunch's, all of it would
+    silently be `other`: refused, saying so."""
+    export = Export("2025.3")
+    export.range(STEP, 0, 100)
+    export.range("verify", 0, 50)
+    export.runtime_call("cudaGraphLaunch_v10000", 5, 8)
+    export.kernel(10, 20, launch=None, graph_node=1000)  # a node whose correlationId matches no call
+    with pytest.raises(DdprofError, match="1 GPU records of CUDA graph replays, none with the correlationId of a "
+                                          "graph launch call \\(1 in the trace\\)"):
+        attribute(load(export.write(tmp_path / "run.sqlite")))
+
+
 def test_the_2022_schema_has_no_whole_graph_records(tmp_path):
     export = Export("2022.4")
     export.graph_launch((0, 1), [(2, 3, "kernel")], mode="graph")
