@@ -22,7 +22,7 @@ from engine.stages import STAGES, STEP
 
 PERCENTILES = (50, 90, 99)
 # Columns that only GPU tracing can fill: unknown (null), not 0, in a host-only trace.
-GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns", "gpu_ops", "sync_calls")
+GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns", "gpu_ops", "graph_launches", "sync_calls")
 _NS_PER_MS = 1e6
 
 
@@ -52,7 +52,8 @@ def require_stage_ranges(attribution: Attribution, stage_map: StageMap | None = 
 
 
 def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> dict:
-    """The `--json` object: steps, tokens, wall_s, tok_per_s, bound_by, other_crit_ms, stages, extras."""
+    """The `--json` object: steps, tokens, wall_s, tok_per_s, bound_by, other_crit_ms, stages, extras
+    (`cuda_graphs`: how the trace recorded graph replays, ddprof.graphs; null without GPU tracing)."""
     stage_map = stage_map or StageMap.default()
     steps, n_steps = attribution.steps, attribution.steps.height
     step_ns = (steps["end"] - steps["start"]).to_numpy()
@@ -86,6 +87,7 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
             "wait_ms": _ms(wait) if gpu_known else None,
             "busy_ms": _ms(cpu - wait) if gpu_known else None,
             "gpu_ops": int(totals["gpu_ops"][code]) if gpu_known else None,
+            "graph_launches": int(totals["graph_launches"][code]) if gpu_known else None,
             "sync_calls": int(totals["sync_calls"][code]) if gpu_known else None,
             "per_step": {
                 "cpu_ms": _distribution(matrices["cpu_ns"][:, code]),
@@ -111,6 +113,7 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
         "other_crit_share": share(totals["crit_ns"][other]),
         "step_ms": {"total": _ms(total_step_ns), **_distribution(step_ns)},
         "gpu_activity": gpu_known,
+        "cuda_graphs": attribution.graphs.as_dict() if gpu_known else None,
         "domain": stage_map.domain,
         "stage_map": str(stage_map.source) if stage_map.source else None,
         "dropped_ranges": attribution.dropped,
@@ -127,7 +130,7 @@ def breakdown_frames(trace: Trace, attribution: Attribution, summary: dict) -> d
     rows = [{k: v for k, v in row.items() if k not in ("per_step", "what_if")} for row in summary["stages"]]
     # Unknown GPU columns (a host-only trace) stay typed nulls, so runs' frames concatenate.
     types = {key: pl.Float64 for key in rows[0] if key.endswith(("_ms", "_share"))} | {
-        "gpu_ops": pl.Int64, "sync_calls": pl.Int64}
+        "gpu_ops": pl.Int64, "graph_launches": pl.Int64, "sync_calls": pl.Int64}
     stages = pl.DataFrame(rows, schema_overrides=types)
     return {
         "ranges": trace.ranges,

@@ -3,7 +3,9 @@
 The definitions (issue 4), per step on its thread:
 - a stage range is a mapped stage range on the step's thread, inside the step;
 - a GPU op belongs to a stage when its launching runtime call (same correlationId, same process)
-  starts inside one of that stage's ranges on the same thread;
+  starts inside one of that stage's ranges on the same thread; a CUDA graph's nodes (and its
+  whole-graph record) are launched by its cudaGraphLaunch call (ddprof.graphs), wherever and
+  whenever they run;
 - every nanosecond of a step has exactly one owner: the stage of the earliest-launched GPU op
   executing then (ops of the step's process attributed to some stage), else the innermost stage
   range of the step's thread covering it, else `other`.
@@ -23,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.errors import DdprofError
+from ddprof.graphs import GraphTrace, graph_trace, op_counts
 from ddprof.intervals import covered_length, first_cover, ranked, segment_of, union, winner_of
 from ddprof.load import DTOH, Trace
 from ddprof.stage_map import StageMap
@@ -30,7 +33,8 @@ from engine.stages import STAGES, STEP
 
 OTHER = "other"
 # What per_step holds for each (step, owner) cell (see Attribution).
-PER_STEP_COLUMNS = ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns", "gpu_ops", "sync_calls")
+PER_STEP_COLUMNS = ("count", "cpu_ns", "wait_ns", "gpu_ns", "crit_ns", "crit_gpu_ns", "gpu_ops", "graph_launches",
+                    "sync_calls")
 OWNERS = (*STAGES, OTHER)  # who can own a nanosecond of a step; index = owner code
 _OTHER = len(STAGES)
 _THREAD_SPAN = 1 << 24  # tids are 24-bit: pid * span + tid orders threads as (pid, tid) does
@@ -53,12 +57,14 @@ class Attribution:
     gpu_ops:      the trace's GPU ops plus stage and step_id of the innermost stage range at launch
     per_step:     one row per (step, owner): step_id, owner, count, cpu_ns, wait_ns, gpu_ns,
                   crit_ns, crit_gpu_ns (the part of crit_ns owned through a running GPU op),
-                  gpu_ops (ops launched) and sync_calls (calls that wait for the GPU) made inside
-                  the owner's innermost range; a stage's overlapping ranges count their overlap
-                  once in cpu_ns, wait_ns, gpu_ns
+                  gpu_ops (ops launched: kernels, memcpys, memsets, a graph's nodes one by one),
+                  graph_launches (graph replays with a GPU record) and sync_calls (calls that wait
+                  for the GPU) made inside the owner's innermost range; a stage's overlapping
+                  ranges count their overlap once in cpu_ns, wait_ns, gpu_ns
     tokens:       sum of all token mark payloads (also those outside steps); None without token marks
                   (tok/s is then unknown, not 0, and so is each step's `tokens`)
     dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
+    graphs:       how the trace recorded CUDA graph replays (ddprof.graphs.GraphTrace)
     """
 
     source: Path
@@ -69,6 +75,7 @@ class Attribution:
     tokens: int | None
     dropped: dict[str, int]
     has_gpu_activity: bool
+    graphs: GraphTrace
 
     def matrix(self, column: str) -> np.ndarray:
         """A per_step column as an (steps, owners) array; per_step rows come in (step, owner) order."""
@@ -79,6 +86,7 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
     """Tie a trace's ranges, marks and GPU ops to steps and stages, and walk the critical path."""
     stage_map = stage_map or StageMap.default()
     dropped = _check_incomplete(trace, stage_map, drop_incomplete)
+    graphs = graph_trace(trace)
     steps, stage_ranges = _steps_and_stage_ranges(trace, stage_map)
     tokens, steps = _tokens(trace, stage_map, steps)
     per_step, op_stage, op_step, wait_ns = _walk(trace, steps, stage_ranges)
@@ -87,7 +95,7 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
         stage=pl.when(attributed).then(pl.Series(op_stage).replace_strict(dict(enumerate(OWNERS)), default=None)),
         step_id=pl.when(attributed).then(pl.Series(op_step)))
     return Attribution(trace.source, steps, stage_ranges.with_columns(wait_ns=pl.Series(wait_ns)), gpu_ops, per_step,
-                       tokens, dropped, trace.has_gpu_activity)
+                       tokens, dropped, trace.has_gpu_activity, graphs)
 
 
 def _steps_and_stage_ranges(trace: Trace, stage_map: StageMap) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -207,6 +215,7 @@ class _Timeline:
         self.o_start, self.o_end = ops["start"].to_numpy(), ops["end"].to_numpy()
         self.o_pid, self.o_corr = ops["pid"].to_numpy(), ops["correlation_id"].to_numpy()
         self.o_launch = ops["launch_start"].fill_null(-1).to_numpy()
+        self.o_is_op, self.o_opens_graph = op_counts(ops)
         self._o_thread = ops["pid"].to_numpy() * _THREAD_SPAN + ops["launch_tid"].fill_null(-1).to_numpy()
         sync = _sync_calls(trace)
         self._sync = sync.select("start", "end", thread=pl.col("pid") * _THREAD_SPAN + pl.col("tid"))
@@ -312,7 +321,8 @@ def _host_side(t: _Timeline, w: _Window, op_stage, op_step, wait, cells) -> tupl
 
     mine = w.cells()
     cells["count"][mine] += w.per_cell(t.r_step[w.ranges] - w.steps.start, t.r_stage[w.ranges])
-    cells["gpu_ops"][mine] += w.per_cell(launch_step - w.steps.start, launch_stage)
+    cells["gpu_ops"][mine] += w.per_cell(launch_step - w.steps.start, launch_stage, t.o_is_op[launched])
+    cells["graph_launches"][mine] += w.per_cell(launch_step - w.steps.start, launch_stage, t.o_opens_graph[launched])
     cells["sync_calls"][mine] += w.per_cell(t.r_step[at_sync] - w.steps.start, t.r_stage[at_sync])
     # Time, waits and GPU work are counted over each stage's merged ranges: a stage mapped onto two
     # nested ranges (another engine's, through a stage map) owns their overlap once, not twice.

@@ -21,7 +21,7 @@ import polars as pl
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
 from ddprof.intervals import first_cover, segment_of, union
-from ddprof.load import Trace
+from ddprof.load import GRAPH, Trace
 from engine.stages import STAGES
 
 _NS_PER_MS = 1e6
@@ -40,9 +40,10 @@ def host_gaps(trace: Trace, attribution: Attribution, *, min_ms: float = 1.0, to
     per_thread, in_calls = [], np.zeros(len(STAGES), np.int64)
     for (pid, tid), ranges in attribution.stage_ranges.group_by("pid", "tid", maintain_order=True):
         calls = trace.runtime.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).sort("start")
+        # A graph replay names its first node (or its whole-graph record): what the launch ran first.
         launches = (trace.gpu_ops.filter((pl.col("pid") == pid) & (pl.col("launch_tid") == tid)
-                                         & (pl.col("kind") == "kernel"))
-                    .select("launch_start", "name").sort("launch_start"))
+                                         & pl.col("kind").is_in(("kernel", GRAPH)))
+                    .sort("launch_start", "start").select("launch_start", "name"))
         gaps, thread_in_calls = _thread_gaps(ranges, calls, launches)
         per_thread.append(gaps)
         in_calls += thread_in_calls

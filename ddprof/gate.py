@@ -50,6 +50,7 @@ _STAGE_KEYS = {
     "wait_ms": ((("wait_ns", 1),), False, _NS_PER_MS),
     "busy_ms": ((("cpu_ns", 1), ("wait_ns", -1)), False, _NS_PER_MS),
     "gpu_ops": ((("gpu_ops", 1),), False, 1.0),
+    "graph_launches": ((("graph_launches", 1),), False, 1.0),
     "sync_calls": ((("sync_calls", 1),), False, 1.0),
 }
 TOK_PER_S = "tok_per_s"  # the one field compared as a rate of the whole run (compare's tok/s ratio)

@@ -24,6 +24,8 @@ from ddprof.export_db import ExportDb, resolve_export
 MARK, PUSH_POP_RANGE, START_END_RANGE, DOMAIN_CREATE = 34, 59, 60, 75
 RANGE_TYPES = (PUSH_POP_RANGE, START_END_RANGE)
 
+GRAPH = "graph"  # gpu_ops.kind of a whole-graph record
+
 # CUPTI memcpy copyKind values (ENUM_CUDA_MEMCPY_OPER) that get a readable name.
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}
 DTOH = 2
@@ -50,9 +52,13 @@ class Trace:
     incomplete: ranges that cannot be placed on one thread's timeline: start, end, name, domain,
                 pid, tid, problem ('unclosed': never ended before the trace did; 'cross-thread':
                 ended on another thread)
-    gpu_ops:    kernels, memcpys and memsets: start, end, kind, name, pid, correlation_id,
-                copy_kind, to_pageable (a memcpy into pageable host memory; null for other ops),
-                launch_tid, launch_start, launch_api (launch_* null without a runtime call)
+    gpu_ops:    kernels, memcpys and memsets, and whole CUDA graph replays (kind `graph`, nsys's
+                CUPTI_ACTIVITY_KIND_GRAPH_TRACE, written with --cuda-graph-trace=graph): start, end,
+                kind, name, pid, correlation_id, copy_kind, to_pageable (a memcpy into pageable host
+                memory; null for other ops), graph_node_id (the node of a graph replay that ran this
+                op, --cuda-graph-trace=node; null for eager ops and graph records), graph_id (a graph
+                record's graph; null for other ops), launch_tid, launch_start, launch_api (launch_*
+                null without a runtime call; a graph's nodes and record share its cudaGraphLaunch)
     runtime:    CUDA runtime calls: start, end, pid, tid, correlation_id, api (name without the
                 `_v7000`/`_ptsz` suffixes)
     """
@@ -247,19 +253,22 @@ def _runtime_calls(calls: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
 
 
 def _read_gpu_ops(db: ExportDb) -> tuple[Future[pl.DataFrame], ...]:
-    """Kernels, memcpys and memsets: each with start, end, correlation_id, global_pid and its own
-    columns (a kernel's name: its short name, else its demangled one)."""
+    """Kernels, memcpys, memsets and graph records: each with start, end, correlation_id, global_pid
+    and its own columns (a kernel's name: its short name, else its demangled one; a node's
+    graphNodeId, in both schemas; a graph record's graphId)."""
     common = {"start": "start", "end": "end", "correlation_id": "correlationId", "global_pid": "globalPid"}
-    kernel, memcpy, memset = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET"))
-    return (db.table_frame(kernel, {**common, "short_name": "shortName", "demangled_name": "demangledName"},
-                           nullable={"short_name", "demangled_name"}),
-            db.table_frame(memcpy, {**common, "copy_kind": "copyKind", "dst_kind": "dstKind"},
-                           nullable={"copy_kind", "dst_kind"}),
-            db.table_frame(memset, common))
+    node = {**common, "graph_node_id": "graphNodeId"}
+    kernel, memcpy, memset, graph = (f"CUPTI_ACTIVITY_KIND_{k}" for k in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH_TRACE"))
+    return (db.table_frame(kernel, {**node, "short_name": "shortName", "demangled_name": "demangledName"},
+                           nullable={"short_name", "demangled_name", "graph_node_id"}),
+            db.table_frame(memcpy, {**node, "copy_kind": "copyKind", "dst_kind": "dstKind"},
+                           nullable={"copy_kind", "dst_kind", "graph_node_id"}),
+            db.table_frame(memset, node, nullable={"graph_node_id"}),
+            db.table_frame(graph, {**common, "graph_id": "graphId"}))
 
 
-def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, runtime: pl.DataFrame,
-             strings: pl.DataFrame) -> pl.DataFrame:
+def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, graphs: pl.DataFrame,
+             runtime: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
     label = pl.col("copy_kind").replace_strict(COPY_KINDS, default=None, return_dtype=pl.String).fill_null("?")
     no_copy_kind = pl.lit(None, pl.Int64)
     ops = pl.concat([
@@ -269,6 +278,7 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
         copies.with_columns(kind=pl.lit("memcpy"), name=pl.concat_str(pl.lit("[memcpy "), label, pl.lit("]")),
                             to_pageable=pl.col("dst_kind") == PAGEABLE).drop("dst_kind"),
         sets.with_columns(kind=pl.lit("memset"), name=pl.lit("[memset]"), copy_kind=no_copy_kind),
+        graphs.with_columns(kind=pl.lit(GRAPH), name=pl.format("[graph {}]", "graph_id"), copy_kind=no_copy_kind),
     ], how="diagonal").with_columns(_thread_of("global_pid")[0])
     # One int64 key (pid, correlationId) joins twice as fast as two columns.
     key = pl.col("pid") * _KEY_SPAN + pl.col("correlation_id")
@@ -279,7 +289,7 @@ def _gpu_ops(kernels: pl.DataFrame, copies: pl.DataFrame, sets: pl.DataFrame, ru
     if joined.height != ops.height:  # a correlationId on two runtime calls: keep the first
         joined = ops.join(launches.unique("key", keep="first", maintain_order=True), on="key", how="left")
     joined = joined.select("start", "end", "kind", "name", "pid", "correlation_id", "copy_kind", "to_pageable",
-                           "launch_tid", "launch_start", "launch_api")
+                           "graph_node_id", "graph_id", "launch_tid", "launch_start", "launch_api")
     return joined if joined["start"].is_sorted() else joined.sort("start")
 
 

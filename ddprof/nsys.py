@@ -146,6 +146,13 @@ def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: fl
     return report
 
 
+def trace_flags(trace: str) -> list[str]:
+    """`nsys profile`'s flags for `trace` (its --trace value): with CUDA traced, each node of a CUDA
+    graph replay recorded as its own op (`--cuda-graph-trace=node`; nsys's default, `graph`, records
+    one span per replay, which hides what each node costs; both 2022.4 and 2025.3 accept it)."""
+    return [f"--trace={trace}", *(["--cuda-graph-trace=node"] if "cuda" in trace.split(",") else [])]
+
+
 def _profile_once(nsys: Nsys, command: list[str], out: Path, trace: str, timeout_s: float,
                   env: dict[str, str] | None) -> tuple[int, str, str]:
     """One `nsys profile` run in a private TMPDIR and a unique session, always cleaned up."""
@@ -153,7 +160,7 @@ def _profile_once(nsys: Nsys, command: list[str], out: Path, trace: str, timeout
     tmpdir = tempfile.mkdtemp(prefix="ddprof-nsys-")
     run_env = dict(os.environ if env is None else env)
     run_env["TMPDIR"] = tmpdir
-    args = [str(nsys.path), "profile", f"--session-new={session}", f"--trace={trace}",
+    args = [str(nsys.path), "profile", f"--session-new={session}", *trace_flags(trace),
             "--sample=none", "--cpuctxsw=none", "--wait=primary", "-f", "true", "-o", str(out),
             *command]
     proc = subprocess.Popen(args, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

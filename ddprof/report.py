@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddprof.analysis import stage_row
+from ddprof.graphs import NO_GRAPHS, NODE_MODE
 from ddprof.dashboards.runs import INTERPRETED_NOTE, interpreted_gpu_builder, read_metadata
 
 
@@ -145,20 +146,21 @@ def breakdown_view(summary: dict) -> Group:
         f"{rate} · ",
         "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)\n",
         (f"tok/s = decode tokens / wall; the wall holds {_pct(summary['wall']['steps']['share'])} decode steps"
-         + ("" if summary["wall"]["prefill"] is None else f", {_pct(summary['wall']['prefill']['share'])} prefill"),
-         "dim"))
+         + ("" if summary["wall"]["prefill"] is None else f", {_pct(summary['wall']['prefill']['share'])} prefill")
+         + _graphs_line(summary["cuda_graphs"]), "dim"))
     totals = _table("ms over all steps; crit = critical-path time the stage owns; % of step time",
                     ("stage", "count", "cpu ms", "cpu %", "gpu ms", "crit ms", "crit %"))
-    detail = _table("host ms waiting on the GPU; GPU ops launched and waiting calls per step; crit ms per step; "
-                    "tok/s if the stage cost 0 or only its GPU time",
-                    ("stage", "wait ms", "ops/step", "waits/step", "p50", "p90", "p99", "tok/s if 0", "if GPU"))
+    detail = _table("host ms waiting on the GPU; GPU ops and CUDA graphs launched and waiting calls per step; "
+                    "crit ms per step; tok/s if the stage cost 0 or only its GPU time",
+                    ("stage", "wait ms", "ops/step", "graphs/step", "waits/step", "p50", "p90", "p99", "tok/s if 0",
+                     "if GPU"))
     for s in summary["stages"]:
         style = "bold" if s["stage"] == summary["bound_by"] else None
         totals.add_row(s["stage"], str(s["count"]), _num(s["cpu_ms"]), _pct(s["cpu_share"]), _num(s["gpu_ms"]),
                        _num(s["crit_ms"]), _pct(s["crit_share"]), style=style)
         dist, what_if = s["per_step"]["crit_ms"], s["what_if"]
         detail.add_row(s["stage"], _num(s["wait_ms"]), _per_step(s["gpu_ops"], summary["steps"]),
-                       _per_step(s["sync_calls"], summary["steps"]), _num(dist["p50"]), _num(dist["p90"]),
+                       _per_step(s["graph_launches"], summary["steps"]), _per_step(s["sync_calls"], summary["steps"]), _num(dist["p50"]), _num(dist["p90"]),
                        _num(dist["p99"]), _num(what_if["tok_per_s_if_free"]),
                        _num(what_if["tok_per_s_if_gpu_only"]), style=style)
     totals.add_row("other", "", "", "", "", _num(summary["other_crit_ms"]), _pct(summary["other_crit_share"]),
@@ -175,10 +177,26 @@ def breakdown_view(summary: dict) -> Group:
         notes.append("no token marks in this trace: tokens and tok/s are n/a (a stage map's `tokens` names the mark)")
     if not summary["gpu_activity"]:
         notes.append("no GPU activity in this trace: gpu and wait are n/a")
+    if summary["cuda_graphs"] and summary["cuda_graphs"]["mode"] not in (NODE_MODE, NO_GRAPHS):
+        notes.append("CUDA graphs recorded as whole graphs (nsys --cuda-graph-trace=graph): a graph's gpu ms spans "
+                     "its replay, idle gaps between nodes included, and its nodes are not in ops/step; capture with "
+                     "--cuda-graph-trace=node for each node")
     notes += _dropped_note(summary["dropped_ranges"])
     if summary["wall"]["prefill"] is None:
         notes.append("prefill is n/a: another engine's ranges (--stage-map) name no prefill")
     return Group(headline, totals, detail, basis, *(Text(f"note: {n}", style="yellow") for n in notes))
+
+
+def _graphs_line(graphs: dict | None) -> str:
+    """How the trace recorded CUDA graph replays, e.g. "CUDA graphs: node trace, 120 launches, 33,720
+    nodes"; nothing for a trace without GPU tracing."""
+    if graphs is None:
+        return ""
+    if graphs["mode"] == NO_GRAPHS:
+        return "\nCUDA graphs: none launched"
+    counted = [f"{graphs['node_ops']:,} nodes"] * bool(graphs["node_ops"]) + [
+        f"{graphs['graph_records']:,} whole-graph records"] * bool(graphs["graph_records"])
+    return f"\nCUDA graphs: {graphs['mode']} trace, {graphs['launches']:,} launches, {', '.join(counted)}"
 
 
 def gaps_view(result: dict) -> Group:

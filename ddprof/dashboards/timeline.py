@@ -1,10 +1,13 @@
 """Step timeline: a few consecutive steps as a Gantt chart, so a reader sees where the GPU idles.
 
 Host lanes: the steps, the prefills between them (admitting new requests) and each stage's
-ranges on the decoding thread. GPU lane: every kernel,
-memcpy and memset of that process running in the window, coloured by the stage that launched it
-(ddprof.attribution's `stage`; an op launched outside every stage range is `other`, as on the
-critical path). One run at a time; a menu switches runs.
+ranges on the decoding thread. GPU lane: every kernel, memcpy, memset (and whole-graph record) of
+that process running in the window, coloured by the stage that launched it (ddprof.attribution's
+`stage`; an op launched outside every stage range is `other`, as on the critical path), its hover
+naming the launching step. When the host runs ahead (CUDA graphs), a step's GPU work runs after
+its ranges: the window reaches on to the end of the work its steps launched, and the ops of an
+earlier step running at its start are drawn too, as that step's. One run at a time; a menu
+switches runs.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class Window:
 
 
 def window(run: Run, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
-    """`steps` consecutive steps from the middle of the run, on the thread that ran the most steps."""
+    """`steps` consecutive steps from the middle of the run, on the thread that ran the most steps,
+    until the last GPU op they launched ends."""
     attribution = run.attribution
     counts = attribution.steps.group_by("pid", "tid").len().sort("len", "pid", "tid", descending=[True, False, False])
     pid, tid = counts.row(0)[:2]
@@ -55,8 +59,10 @@ def window(run: Run, steps: int = DEFAULT_WINDOW_STEPS) -> Window:
     steps = min(steps, mine.height)
     first = (mine.height - steps) // 2
     chosen = mine.slice(first, steps)
-    start, end = int(chosen["start"].min()), int(chosen["end"].max())
-    ranges = attribution.stage_ranges.filter(pl.col("step_id").is_in(chosen["step_id"].to_list())).sort("start")
+    chosen_ids = chosen["step_id"].to_list()
+    launched_end = attribution.gpu_ops.filter(pl.col("step_id").is_in(chosen_ids))["end"].max()
+    start, end = int(chosen["start"].min()), max(int(chosen["end"].max()), launched_end or 0)
+    ranges = attribution.stage_ranges.filter(pl.col("step_id").is_in(chosen_ids)).sort("start")
     ops = attribution.gpu_ops.filter((pl.col("pid") == pid) & (pl.col("end") > start) & (pl.col("start") < end))
     prefills = run.prefills.filter((pl.col("pid") == pid) & (pl.col("tid") == tid) & (pl.col("end") > start)
                                    & (pl.col("start") < end))
@@ -96,7 +102,8 @@ def _run_traces(shown: Window, visible: bool, gpu_traced: bool) -> list[go.Bar |
                  + (f"{row['wait_ns'] / 1e6:.3f} ms waiting on the GPU" if gpu_traced else "no GPU traced")
                  for row in host.iter_rows(named=True)]
         hover += [f"{row['kind']} {row['name']}: {(row['end'] - row['start']) / 1e6:.3f} ms, "
-                  + (f"launched by {stage}" if stage != OTHER else "launched outside every stage range")
+                  + (f"launched by {stage} in step {row['step_id']}" if stage != OTHER
+                     else "launched outside every stage range")
                   for row in gpu.iter_rows(named=True)]
         traces.append(_bars([stage] * host.height + [GPU_LANE] * gpu.height,
                             np.concatenate([host["start"].to_numpy(), gpu["start"].to_numpy()]),

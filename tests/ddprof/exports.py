@@ -1,4 +1,5 @@
-"""Hand-built Nsight Systems exports in the real schema, for tests with known answers.
+"""Hand-built Nsight Systems exports in the real schema, for tests with known answers (eager GPU ops
+and CUDA graph replays recorded either way nsys records them: `graph_launch`).
 
 The 2022.4 DDL below is copied from a real export made here (NVTX_EVENTS, StringIds,
 ANALYSIS_DETAILS) and from the column lists of that version's exporter (the CUPTI tables). The
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.stages import DOMAIN, TOKENS_MARK
@@ -61,6 +63,13 @@ MEMSET_COLUMNS = {
     "2025.3": ("globalPid", "correlationId", "start", "end", "deviceId", "contextId", "greenContextId", "streamId",
                "value", "bytes", "graphNodeId", "memKind"),
 }
+# nsys 2022.4's exporter has no graph-record table (its --cuda-graph-trace=graph records are not
+# exported); the 2025.3 columns are those of the nsys SQLite schema reference.
+GRAPH_TRACE_COLUMNS = {
+    "2025.3": ("start", "end", "deviceId", "contextId", "greenContextId", "streamId", "correlationId", "globalPid",
+               "graphId", "graphExecId"),
+}
+GRAPH_MODES = ("node", "graph")  # nsys --cuda-graph-trace
 RUNTIME_COLUMNS = {
     "2022.4": ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId"),
     "2025.3": ("correlationId", "globalTid", "start", "end", "eventClass", "nameId", "returnValue", "callchainId"),
@@ -153,33 +162,60 @@ class Export:
         return correlation
 
     def _gpu(self, table: str, start: int, end: int, launch, api: str, pid: int, tid: int,
-             correlation: int | None = None, **extra) -> int:
-        if launch is None:  # an op whose launch the trace lacks
+             correlation: int | None = None, graph_node: int | None = None, **extra) -> int:
+        """An op row; `launch` None: its launch is not in the trace, or (with `correlation`) it is
+        a node of the graph launch of that correlation id (`graph_node` its graphNodeId)."""
+        if launch is None:
             correlation = next(self._correlation) if correlation is None else correlation
         else:
             correlation = self.runtime_call(api, *launch, pid=pid, tid=tid, correlation=correlation)
         self.tables.setdefault(table, []).append(dict(
             start=start, end=end, deviceId=0, contextId=1, streamId=7, correlationId=correlation,
-            globalPid=global_pid(pid), **extra))
+            globalPid=global_pid(pid), graphNodeId=graph_node, **extra))
         return correlation
 
     def kernel(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
-               name: str = "kernel", api: str = "cudaLaunchKernel_v7000", correlation: int | None = None) -> int:
+               name: str = "kernel", api: str = "cudaLaunchKernel_v7000", correlation: int | None = None,
+               graph_node: int | None = None) -> int:
         name_id = self.string_id(name)
-        return self._gpu("CUPTI_ACTIVITY_KIND_KERNEL", start, end, launch, api, pid, tid, correlation,
+        return self._gpu("CUPTI_ACTIVITY_KIND_KERNEL", start, end, launch, api, pid, tid, correlation, graph_node,
                          shortName=name_id, demangledName=name_id, mangledName=name_id, gridX=1, gridY=1, gridZ=1,
                          blockX=128, blockY=1, blockZ=1)
 
     def memcpy(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
-               copy_kind: int = DTOH, api: str = "cudaMemcpyAsync_v3020", dst_kind: int = 0) -> int:
+               copy_kind: int = DTOH, api: str = "cudaMemcpyAsync_v3020", dst_kind: int = 0,
+               correlation: int | None = None, graph_node: int | None = None) -> int:
         """dst_kind: ENUM_CUDA_MEM_KIND (0 pageable, 1 pinned, 2 device)."""
-        return self._gpu("CUPTI_ACTIVITY_KIND_MEMCPY", start, end, launch, api, pid, tid, bytes=4096,
-                         copyKind=copy_kind, srcKind=2, dstKind=dst_kind)
+        return self._gpu("CUPTI_ACTIVITY_KIND_MEMCPY", start, end, launch, api, pid, tid, correlation, graph_node,
+                         bytes=4096, copyKind=copy_kind, srcKind=2, dstKind=dst_kind)
 
     def memset(self, start: int, end: int, *, launch: tuple[int, int] | None, pid: int = 1, tid: int = 1,
-               api: str = "cudaMemsetAsync_v3020") -> int:
-        return self._gpu("CUPTI_ACTIVITY_KIND_MEMSET", start, end, launch, api, pid, tid, value=0, bytes=4096,
-                         memKind=2)
+               api: str = "cudaMemsetAsync_v3020", correlation: int | None = None,
+               graph_node: int | None = None) -> int:
+        return self._gpu("CUPTI_ACTIVITY_KIND_MEMSET", start, end, launch, api, pid, tid, correlation, graph_node,
+                         value=0, bytes=4096, memKind=2)
+
+    def graph_launch(self, launch: tuple[int, int], nodes: Sequence[tuple[int, int, str]], *, mode: str,
+                     graph: int = 1, pid: int = 1, tid: int = 1, api: str = "cudaGraphLaunch_v10000") -> int:
+        """One replay of CUDA graph `graph`, launched by a `cudaGraphLaunch` call over `launch`;
+        `nodes` are its ops as (start, end, kind: kernel | memcpy | memset; a kernel node is named
+        graph<graph>.node<index>, a memcpy node copies device to pageable host memory). As nsys
+        writes them, by `mode` (GRAPH_MODES): `node`, each node its own row with the launch's
+        correlationId and its graphNodeId (the same in every replay); `graph`, one
+        CUPTI_ACTIVITY_KIND_GRAPH_TRACE row from the first node's start to the last one's end, with
+        the launch's correlationId (the 2025.3 schema only)."""
+        correlation = self.runtime_call(api, *launch, pid=pid, tid=tid)
+        if mode == "graph":
+            self.tables.setdefault("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", []).append(dict(
+                start=min(n[0] for n in nodes), end=max(n[1] for n in nodes), deviceId=0, contextId=1, streamId=7,
+                correlationId=correlation, globalPid=global_pid(pid), graphId=graph, graphExecId=graph))
+            return correlation
+        write = {"kernel": self.kernel, "memcpy": self.memcpy, "memset": self.memset}
+        for index, (start, end, kind) in enumerate(nodes):
+            named = {"name": f"graph{graph}.node{index}"} if kind == "kernel" else {}
+            write[kind](start, end, launch=None, pid=pid, tid=tid, correlation=correlation,
+                        graph_node=graph * 1_000 + index, **named)
+        return correlation
 
     def write(self, path: Path) -> Path:
         ends = [r.get("end") or r["start"] for r in self.nvtx] + [
@@ -195,7 +231,7 @@ class Export:
 
 COLUMNS = {"NVTX_EVENTS": NVTX_COLUMNS, "CUPTI_ACTIVITY_KIND_KERNEL": KERNEL_COLUMNS,
            "CUPTI_ACTIVITY_KIND_MEMCPY": MEMCPY_COLUMNS, "CUPTI_ACTIVITY_KIND_MEMSET": MEMSET_COLUMNS,
-           "CUPTI_ACTIVITY_KIND_RUNTIME": RUNTIME_COLUMNS}
+           "CUPTI_ACTIVITY_KIND_RUNTIME": RUNTIME_COLUMNS, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": GRAPH_TRACE_COLUMNS}
 
 
 def write_tables(path: Path, schema: str, strings: dict[str, int], duration: int,
@@ -210,6 +246,8 @@ def write_tables(path: Path, schema: str, strings: dict[str, int], duration: int
                "startTime INTEGER NOT NULL, stopTime INTEGER NOT NULL)")
     db.execute("INSERT INTO ANALYSIS_DETAILS VALUES (?, ?, ?, ?)", (_VM, duration, 5_000, 5_000 + duration))
     for table, data in tables.items():
+        if schema not in COLUMNS[table]:
+            raise ValueError(f"the {schema} schema has no {table} table")
         columns = COLUMNS[table][schema]
         unknown = set(data) - set(columns)
         if any(any(v is not None for v in data[c]) for c in unknown):

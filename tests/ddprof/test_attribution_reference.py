@@ -21,14 +21,15 @@ SYNC = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"
 
 
 def _api(name: str) -> str:
-    for suffix in ("_v3020", "_v7000", "_ptsz"):
+    for suffix in ("_v3020", "_v7000", "_v10000", "_ptsz"):
         name = name.replace(suffix, "")
     return name
 
 
 def reference(path) -> dict:
-    """steps, tokens, and per stage count/cpu/gpu/crit/wait in ns, and the GPU ops launched and the
-    waiting calls made inside each stage's innermost range, by the definitions."""
+    """steps, tokens, and per stage count/cpu/gpu/crit/wait in ns, and the GPU ops launched, the
+    graph replays launched and the waiting calls made inside each stage's innermost range, by the
+    definitions (a whole-graph record is GPU work of its launch, not an op)."""
     db = sqlite3.connect(path)
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
     strings = dict(db.execute("SELECT id, value FROM StringIds"))
@@ -60,11 +61,12 @@ def reference(path) -> dict:
             if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else "SELECT 1, 1, 1, 1, 1 WHERE 0"):
         runtime[(g >> 24) & 0xFFFFFF, corr] = dict(tid=g & 0xFFFFFF, start=start, end=end, api=_api(strings[name_id]))
     ops = []
-    for table in ("KERNEL", "MEMCPY", "MEMSET"):
+    for table in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH_TRACE"):
         if f"CUPTI_ACTIVITY_KIND_{table}" not in tables:
             continue
-        extra = ", copyKind, dstKind" if table == "MEMCPY" else ", NULL, NULL"
-        for start, end, corr, gp, copy_kind, dst_kind in db.execute(
+        extra = {"MEMCPY": ", copyKind, dstKind, graphNodeId", "GRAPH_TRACE": ", NULL, NULL, NULL"}.get(
+            table, ", NULL, NULL, graphNodeId")
+        for start, end, corr, gp, copy_kind, dst_kind, node in db.execute(
                 f"SELECT start, end, correlationId, globalPid{extra} FROM CUPTI_ACTIVITY_KIND_{table}"):
             pid = (gp >> 24) & 0xFFFFFF
             launch = runtime.get((pid, corr))
@@ -72,7 +74,8 @@ def reference(path) -> dict:
             if launch and copy_kind == DTOH and (launch["api"] == "cudaMemcpy"
                                                  or launch["api"] == "cudaMemcpyAsync" and dst_kind == 0):
                 launch["blocking"] = True
-            ops.append(dict(start=start, end=end, pid=pid, corr=corr, launch=launch))
+            ops.append(dict(start=start, end=end, pid=pid, corr=corr, launch=launch, record=table == "GRAPH_TRACE",
+                            graph=table == "GRAPH_TRACE" or node is not None))
     for op in ops:
         launch = op["launch"]
         around = [r for r in stages if launch and r["pid"] == op["pid"] and r["tid"] == launch["tid"]
@@ -82,8 +85,11 @@ def reference(path) -> dict:
 
     result = {s: defaultdict(int) for s in (*STAGES, "other")}
     for op in ops:
-        if op["inner"]:
+        if op["inner"] and not op["record"]:
             result[op["inner"]]["ops"] += 1
+    for inner in {(op["pid"], op["corr"]): op["inner"] for op in ops if op["graph"]}.values():
+        if inner:
+            result[inner]["graphs"] += 1
     for (pid, _), call in runtime.items():
         if call["api"] in SYNC or call.get("blocking"):
             around = [r for r in stages if (r["pid"], r["tid"]) == (pid, call["tid"])
@@ -119,10 +125,13 @@ def reference(path) -> dict:
                 wall_ns=max(s["end"] for s in steps) - min(s["start"] for s in steps))
 
 
-def random_export(rng: np.random.Generator, schema: str, names: str = "registered") -> Export:
+def random_export(rng: np.random.Generator, schema: str, names: str = "registered", graphs: str | None = None
+                  ) -> Export:
     """1-2 processes, 1-2 threads each, a few steps of overlapping and nested stage ranges, CCCL
     ranges with stage names, GPU ops launched inside and outside stages and running into later
-    steps, sync calls and blocking copies, token marks in and out of the domain."""
+    steps, sync calls and blocking copies, token marks in and out of the domain; with `graphs` (a
+    GRAPH_MODES mode) also CUDA graph replays recorded that way, whose nodes run up to a few steps
+    after their launch (the host running ahead), overlapping each other and the eager ops."""
     export = Export(schema, names)
     used = set()  # (pid, tid, start, end) of stage ranges: exact duplicates would tie
 
@@ -159,6 +168,16 @@ def random_export(rng: np.random.Generator, schema: str, names: str = "registere
                         export.memset(*span, launch=(launch, launch + 1), pid=pid, tid=tid)
                     else:
                         export.kernel(*span, launch=None, pid=pid, tid=tid)
+                for _ in range(rng.integers(0, 4) if graphs else 0):
+                    launch = t + int(rng.integers(-3, length + 3))
+                    first = launch + int(rng.integers(1, 120))
+                    nodes = []
+                    for _ in range(rng.integers(1, 5)):
+                        start = first + int(rng.integers(0, 20))
+                        nodes.append((start, start + int(rng.integers(1, 25)),
+                                      str(rng.choice(["kernel", "kernel", "memcpy", "memset"]))))
+                    export.graph_launch((launch, launch + 3), nodes, mode=graphs, graph=int(rng.integers(1, 4)),
+                                        pid=pid, tid=tid)
                 if rng.integers(0, 2):
                     start = t + int(rng.integers(0, length))
                     export.runtime_call("cudaStreamSynchronize_v3020", start, start + int(rng.integers(1, 15)),
@@ -186,6 +205,7 @@ def _check_against_reference(path) -> None:
         assert got[owner]["gpu_ns"] == want["gpu"], owner
         assert got[owner]["wait_ns"] == want["wait"], owner
         assert got[owner]["gpu_ops"] == want["ops"], owner
+        assert got[owner]["graph_launches"] == want["graphs"], owner
         assert got[owner]["sync_calls"] == want["syncs"], owner
     shares = [s["crit_share"] for s in summary["stages"]] + [summary["other_crit_share"]]
     assert sum(shares) == pytest.approx(1.0)
@@ -215,6 +235,15 @@ def test_fast_attribution_matches_brute_force_on_random_exports(seed, tmp_path):
     _check_against_reference(path)
 
 
+@pytest.mark.parametrize("schema, graphs", [("2022.4", "node"), ("2025.3", "node"), ("2025.3", "graph")])
+@pytest.mark.parametrize("seed", range(15))
+def test_fast_attribution_matches_brute_force_with_graph_replays(seed, schema, graphs, tmp_path):
+    """Graph replays as nsys records them in either mode and schema (2022.4 exports no whole-graph
+    records), their GPU work running steps after the launch."""
+    path = random_export(np.random.default_rng(seed), schema, graphs=graphs).write(tmp_path / "random.sqlite")
+    _check_against_reference(path)
+
+
 @pytest.mark.parametrize("window", [1, 2])
 @pytest.mark.parametrize("seed", range(20))
 def test_walking_in_small_windows_changes_nothing(seed, window, tmp_path, monkeypatch):
@@ -223,7 +252,9 @@ def test_walking_in_small_windows_changes_nothing(seed, window, tmp_path, monkey
     from one window into the next."""
     monkeypatch.setattr(attribution_module, "_WINDOW_RANGES", window)
     rng = np.random.default_rng(seed)
-    path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
+    schema = "2025.3" if seed % 2 else "2022.4"
+    graphs = (None, "node", "graph" if schema == "2025.3" else "node")[seed % 3]  # graph work running windows later
+    path = random_export(rng, schema, graphs=graphs).write(tmp_path / "random.sqlite")
     _check_against_reference(path)
 
 

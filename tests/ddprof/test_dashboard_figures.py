@@ -27,6 +27,7 @@ from engine.stages import STAGES
 from engine.stages import TOKENS_MARK
 from tests.ddprof import known_runs
 from tests.ddprof.exports import Export
+from tests.ddprof.test_graphs import handed_over
 from tests.ddprof.known_runs import KERNEL, KERNEL_NAME, SHARES, STEP, STEPS, TOKENS_PER_STEP, U
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +266,24 @@ def test_a_gpu_op_launched_outside_every_stage_is_other_in_the_timeline_as_in_th
     assert list(other.y) == [GPU_LANE] and other.marker.color == STAGE_COLOURS["other"]
     assert other.hovertext[0].endswith("launched outside every stage range")
     assert all(t.name != "unattributed" for t in timeline_figure([run]).data)
+
+
+def test_the_timeline_draws_a_steps_gpu_work_where_it_runs_after_its_ranges(tmp_path):
+    """With the host running ahead (tests/ddprof/test_graphs.py's `handed_over`): step 0's graph
+    runs in step 1, step 1's past its end. The window reaches to the end of its steps' work, and
+    each op's hover names the step that launched it."""
+    run = load_runs([handed_over().write(tmp_path / "ahead.sqlite")])[0]
+    first = window(run, steps=1)
+    assert (first.start, first.end) == (0, 90)  # step 0 [0, 50), its graph until 90
+    assert window(run, steps=2).end == 130
+    figure = timeline_figure([run], steps=2)
+    draft, verify = (next(t for t in figure.data if t.name == stage) for stage in ("draft", "verify"))
+    assert list(draft.y) == ["draft", "draft", GPU_LANE, GPU_LANE]
+    assert list(draft.base[2:]) == pytest.approx([60 / 1e6, 75 / 1e6])
+    assert all(text.endswith("launched by draft in step 0") for text in draft.hovertext[2:])
+    assert list(verify.y) == ["verify", GPU_LANE] and list(verify.base) == pytest.approx([65 / 1e6, 115 / 1e6])
+    assert verify.hovertext[1].endswith("launched by verify in step 1")
+    assert "GPU busy 35% of the window" in figure.layout.title.text  # (30 + 15) ns of 130
 
 
 SINGLE = "tiny c=2: 1.00x from single captures, one of each (no interval: not a measured difference)"

@@ -11,6 +11,7 @@ from ddprof.pipeline import analyse
 from engine.stages import STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
 from tests.ddprof.test_breakdown_cli import ddprof
+from tests.ddprof.test_graphs import CASES, running_ahead
 
 H200_EXPORT = Path(__file__).resolve().parents[1] / "data" / "h200_nsys2025_small_gpu_builder.sqlite"
 NS = 1e-6  # one ns in ms
@@ -45,6 +46,25 @@ def test_known_gaps(tmp_path):
                for g in result["longest"]]
     assert longest == [("draft", 20, 40, "cuLibraryLoadData", "k2"), ("verify", 165, 35, "(the range ends)", None),
                        ("draft", 72, 28, "(into verify)", "k3"), ("verify", 100, 20, "(into accept)", "k3")]
+
+
+@pytest.mark.parametrize("schema, mode", CASES)
+def test_gaps_of_graph_launching_stages_whose_work_runs_after_their_ranges(schema, mode, tmp_path):
+    """tests/ddprof/test_graphs.py's `running_ahead`: draft and verify each spend [2, 4) of their
+    10 ns in a cudaGraphLaunch whose graph runs after both ranges ended. A gap's next kernel is what
+    the next launch ran first: the graph's first node, or its whole-graph record."""
+    trace, attribution, _ = analyse(running_ahead(schema, mode).write(tmp_path / "run.sqlite"))
+    result = host_gaps(trace, attribution, min_ms=NS, top=10)
+    got = {s["stage"]: tuple(round(s[key] / NS) for key in ("host_ms", "in_calls_ms", "outside_calls_ms"))
+           for s in result["stages"] if s["host_ms"]}
+    assert got == {"draft": (10, 2, 8), "verify": (10, 2, 8), "accept": (10, 0, 10), "sampling": (70, 63, 7)}
+    first = {"node": "graph{}.node0", "graph": "[graph {}]"}[mode].format
+    longest = [(g["stage"], round(g["at_ms"] / NS), round(g["ms"] / NS), g["next_call"], g["next_kernel"])
+               for g in result["longest"]]
+    assert longest == [("accept", 20, 10, "(into sampling)", None), ("draft", 4, 6, "(into verify)", first(2)),
+                       ("verify", 14, 6, "(into accept)", None), ("sampling", 95, 5, "(the range ends)", None),
+                       ("draft", 0, 2, "cudaGraphLaunch", first(1)), ("verify", 10, 2, "cudaGraphLaunch", first(2)),
+                       ("sampling", 30, 2, "cudaStreamSynchronize", None)]
 
 
 def test_a_thread_without_calls_and_a_stage_made_of_nested_ranges(tmp_path):

@@ -27,7 +27,7 @@ from tests.ddprof.test_compare import run
 from tests.ddprof.test_gaps import H200_EXPORT
 
 FIXTURE_2025 = Path(__file__).resolve().parents[1] / "data" / "ddtree_nsys2025_schema.sqlite"
-GPU_FIELDS = ("gpu_ms", "crit_gpu_ms", "wait_ms", "busy_ms", "gpu_ops", "sync_calls")
+GPU_FIELDS = ("gpu_ms", "crit_gpu_ms", "wait_ms", "busy_ms", "gpu_ops", "graph_launches", "sync_calls")
 
 
 def slowed_copy(source: Path, target: Path, stage: str, extra_ns) -> Path:

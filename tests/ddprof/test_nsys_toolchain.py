@@ -11,7 +11,7 @@ import pytest
 
 from ddprof import export_db
 from ddprof.errors import DdprofError
-from ddprof.nsys import export_sqlite, find_nsys, profile
+from ddprof.nsys import export_sqlite, find_nsys, profile, trace_flags
 
 PROGRAM = Path(__file__).with_name("nvtx_program.py")
 PUSH_POP_RANGE, MARK, DOMAIN_CREATE = 59, 34, 75
@@ -53,6 +53,14 @@ def test_ranges_nesting_threads_and_payload_come_back_exactly(capture):
 
     marks = [e for e in events if e["kind"] == MARK]
     assert [(m["name"], m["payload"], m["tid"]) for m in marks] == [("tokens", 12345, ids["a"])]
+
+
+def test_cuda_captures_record_each_graph_node_and_the_local_nsys_accepts_it(tmp_path):
+    """`--cuda-graph-trace=node` only with CUDA traced (nsys refuses an unknown value with exit 1)."""
+    assert trace_flags("nvtx") == ["--trace=nvtx"]
+    assert trace_flags("cuda,nvtx") == ["--trace=cuda,nvtx", "--cuda-graph-trace=node"]
+    report = profile([sys.executable, "-c", "pass"], tmp_path / "run", trace="cuda,nvtx")
+    assert report.stat().st_size > 0
 
 
 def test_find_nsys_reports_a_version():
