@@ -39,20 +39,26 @@ class GraphRecording:
     pool_bytes: int  # GPU memory the graphs' pool reserved
 
 
+def require_graphable(device: str, mode: str) -> None:
+    """--cuda-graphs needs a CUDA device and DDTree decoding (the static-shape step): else one line."""
+    if device != "cuda":
+        raise EngineError(f"--cuda-graphs: needs a CUDA device (the engine is on {device})")
+    if mode != "ddtree":
+        raise EngineError("--cuda-graphs: only for --mode ddtree (the static-shape step is DDTree's)")
+
+
 def record_graphs(static: StaticStep) -> GraphRecording:
     """Record every bucket's graphs and switch `static` to replaying them."""
     device = static.inputs.device
-    if device.type != "cuda":
-        raise EngineError(f"--cuda-graphs: needs a CUDA device (the engine is on {device})")
     start = time.perf_counter()
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
-    reserved_before = torch.cuda.memory_reserved(device)
     for bucket in reversed(static.buckets):
         step = padding_step(static, bucket)
         with _out_of_memory_as_error(bucket, device):
             if bucket == static.buckets[-1]:
                 _check_fits(static, step, bucket, device)
+                reserved_before = torch.cuda.memory_reserved(device)  # the eager step's blocks given back
             _warm_up(static, step, bucket)
             for stage in static.graphed_stages:
                 graph = torch.cuda.CUDAGraph()
@@ -60,6 +66,7 @@ def record_graphs(static: StaticStep) -> GraphRecording:
                     getattr(step, stage)()
                 graphs[bucket, stage] = graph
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()  # what the warm-ups cached goes back: what stays reserved is the graphs' pool
     static.replay = lambda bucket, stage: graphs[bucket, stage].replay()
     return GraphRecording(static.buckets, static.graphed_stages, time.perf_counter() - start,
                           torch.cuda.memory_reserved(device) - reserved_before)

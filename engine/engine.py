@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.cuda_graphs import GraphRecording, record_graphs
+from engine.cuda_graphs import GraphRecording, record_graphs, require_graphable
 from engine.ddtree import ARDecoder, DDTreeDecoder, DecodeBatch, apply_stop_rules
 from engine.drafter import Drafter
 from engine.errors import EngineError
@@ -80,12 +80,12 @@ class Engine:
         if max_len + lookahead > model.config.max_position_embeddings:
             raise EngineError(f"max_len {max_len} (+{lookahead} lookahead) exceeds the model's "
                               f"max_position_embeddings {model.config.max_position_embeddings}")
+        self.device = torch.device(device) if device is not None else model.device
+        if cuda_graphs:
+            require_graphable(self.device.type, mode)
         static_shapes = static_shapes or cuda_graphs  # graphs replay the static-shape step
         if static_shapes and mode != "ddtree":
-            raise EngineError("--cuda-graphs (the static-shape step): only for --mode ddtree")
-        self.device = torch.device(device) if device is not None else model.device
-        if cuda_graphs and self.device.type != "cuda":
-            raise EngineError(f"--cuda-graphs: needs a CUDA device (the engine is on {self.device})")
+            raise EngineError("the static-shape step: only for ddtree decoding")
         if self.device.type == "cuda" and self.device.index is None:  # "cuda" means the current GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device != model.device:
