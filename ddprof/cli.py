@@ -66,7 +66,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         raise typer.Exit(1)  # scripts can ask `ddprof doctor` whether captures will work
 
 
-CUDA_GRAPHS_HELP = ("Run the engine's static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
+CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
                      "recorded before the profiled part (CUDA only; default: off until verified on a GPU).")
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")

@@ -121,6 +121,16 @@ def test_cuda_graphs_flag_refused_in_one_line_on_the_cpu(command):
     assert_one_line(run_engine(*command, "--device", "cpu", "--cuda-graphs"), "--cuda-graphs", "CUDA device")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is a CPU engine's")
+def test_ddprof_capture_refuses_cuda_graphs_on_the_cpu_before_nsys(tmp_path):
+    from tests.ddprof.test_capture_cli import ddprof
+
+    done = ddprof("capture", "--workload", "chat", "--model", "tiny", "--cuda-graphs", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.strip().splitlines()[-1].startswith("ddprof: error: --cuda-graphs: needs a CUDA device")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cuda_graphs_with_ar_refused_in_one_line():
     assert_one_line(run_engine(*GENERATE, "--mode", "ar", "--cuda-graphs"), "--cuda-graphs")
 
@@ -132,16 +142,10 @@ def test_serve_summary_records_no_graphs_when_off(tmp_path):
     assert result["cuda_graphs"] is False and result["graph_buckets"] is None and result["graph_record_s"] is None
 
 
-def test_capture_and_sweep_pass_cuda_graphs_on_to_the_engine(tmp_path):
-    from ddprof.capture import CaptureRequest, serve_command
+def test_sweep_passes_cuda_graphs_to_every_capture():
+    """(ddprof capture's command line: tests/ddprof/test_capture_cli.py.)"""
     from ddprof.sweep import Grid
 
-    def command(setting):
-        request = CaptureRequest(workload="chat", concurrency=2, out=tmp_path / "run", cuda_graphs=setting)
-        return serve_command(request, "cuda", tmp_path / "s.json", tmp_path / "p")
-
-    assert "--cuda-graphs" in command(True) and "--no-cuda-graphs" in command(False)
-    assert not any("cuda-graphs" in part for part in command(None))
     grid = Grid(concurrency=(1, 2), builders=("cpu",), budgets=(4,), model="tiny", requests=2, max_new_tokens=4,
                 cuda_graphs=True)
     assert all(point.cuda_graphs for point in grid.points())
