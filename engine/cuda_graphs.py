@@ -34,7 +34,6 @@ class GraphRecording:
     """What `record_graphs` did, for the run's summary."""
 
     buckets: tuple[int, ...]
-    stages: tuple[str, ...]
     record_s: float  # warm-up and recording, all buckets
     pool_bytes: int  # GPU memory the graphs' pool reserved
 
@@ -68,7 +67,7 @@ def record_graphs(static: StaticStep) -> GraphRecording:
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()  # what the warm-ups cached goes back: what stays reserved is the graphs' pool
     static.replay = lambda bucket, stage: graphs[bucket, stage].replay()
-    return GraphRecording(static.buckets, static.graphed_stages, time.perf_counter() - start,
+    return GraphRecording(static.buckets, time.perf_counter() - start,
                           torch.cuda.memory_reserved(device) - reserved_before)
 
 
