@@ -72,6 +72,7 @@ class CaptureRequest:
     max_new_tokens: int | None = None
     seed: int | None = None
     batch_invariant: bool | None = None
+    cuda_graphs: bool | None = None
     timeout_s: float = 1800
 
 
@@ -109,6 +110,8 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
             command += [flag, str(value)]
     if request.batch_invariant is not None:
         command.append("--batch-invariant" if request.batch_invariant else "--no-batch-invariant")
+    if request.cuda_graphs is not None:
+        command.append("--cuda-graphs" if request.cuda_graphs else "--no-cuda-graphs")
     return command + ["--summary", str(summary), "--progress", str(progress)]
 
 

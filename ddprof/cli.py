@@ -66,6 +66,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         raise typer.Exit(1)  # scripts can ask `ddprof doctor` whether captures will work
 
 
+CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
+                     "recorded before the profiled part (CUDA only; default: off until verified on a GPU).")
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
 
@@ -85,6 +87,7 @@ def capture(
                                                   f"(default: {serve_defaults.DEFAULT_MAX_NEW_TOKENS})."),
     seed: int = typer.Option(None, help=f"Workload seed (default: {serve_defaults.DEFAULT_SEED})."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
@@ -97,7 +100,7 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_invariant=batch_invariant, timeout_s=timeout)
+                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
         task = progress.add_task("capture: checking the arguments", total=None)
@@ -309,6 +312,7 @@ def sweep(
                                                   f"{described('max_new_tokens')})."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
@@ -335,7 +339,7 @@ def sweep(
                 budgets=_grid_values("--budget", budget, machine["budgets"], int),
                 model=given(model, "model"), requests=given(requests, "requests"),
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed,
-                batch_invariant=batch_invariant, out_dir=out_dir)
+                batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
     evidence = [read_ab(path) for path in ab or ()]  # before the captures: a bad file must not cost a sweep
     points = grid.points()

@@ -35,6 +35,7 @@ class Grid:
     workload: str = "chat"
     seed: int = 0
     batch_invariant: bool = True
+    cuda_graphs: bool = False
     out_dir: Path = field(default=Path("traces/sweep"))
 
     def __post_init__(self) -> None:
@@ -64,7 +65,7 @@ class Grid:
         """One capture request per grid point: budget-major, then concurrency, then the builders as listed."""
         return [CaptureRequest(workload=self.workload, concurrency=concurrency, model=self.model, builder=builder,
                                budget=budget, requests=self.requests, max_new_tokens=self.max_new_tokens,
-                               seed=self.seed, batch_invariant=self.batch_invariant,
+                               seed=self.seed, batch_invariant=self.batch_invariant, cuda_graphs=self.cuda_graphs,
                                out=self.out_dir / self.capture_name(concurrency, builder, budget))
                 for budget, concurrency, builder in itertools.product(self.budgets, self.concurrency, self.builders)]
 

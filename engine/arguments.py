@@ -78,6 +78,21 @@ def add_batch_invariant(parser: argparse.ArgumentParser) -> None:
                              "norms (cuBLAS, MKL): faster, and no longer exact")
 
 
+def add_cuda_graphs(parser: argparse.ArgumentParser) -> None:
+    """`--cuda-graphs / --no-cuda-graphs` (serve, generate; ddprof capture and sweep pass it on)."""
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
+                             "recorded before serving (CUDA only; default: off until verified on a GPU)")
+
+
+def cuda_graphs(on: bool, device: str, mode: str = "ddtree") -> None:
+    """--cuda-graphs where graphs cannot run: refused in one line before any model loads."""
+    if on:
+        from engine.cuda_graphs import require_graphable
+
+        require_graphable(device, mode)
+
+
 def add_dtype_option(parser) -> None:
     from engine.config import DTYPES
 

@@ -138,13 +138,13 @@ class DDTreeDecoder:
         self.build_tree = checked_tree_builder(builder, target.device, budget, self.depth)
         self.top_k = min(budget, target.config.vocab_size)  # K = budget, as the paper's code
         self.feature_layers = drafter.config.target_layer_ids
-        n_slots, max_len = cache.n_slots, cache.max_len
+        slots_with_scratch, max_len = cache.kv.shape[1], cache.max_len
         # The drafter's context rows; the pending step's rows may land up to a block past max_len.
-        self.drafter_cache = DrafterCache(drafter, n_slots, max_len + drafter.config.block_size)
+        self.drafter_cache = DrafterCache(drafter, slots_with_scratch, max_len + drafter.config.block_size)
         # Features of the tokens committed by each slot's last step, not yet in the drafter's cache.
         width = target.config.hidden_size * len(self.feature_layers)
-        self.pending = torch.zeros(n_slots, self.depth + 1, width, dtype=target.dtype, device=target.device)
-        self.pending_count = torch.zeros(n_slots, dtype=torch.int64, device=target.device)
+        self.pending = torch.zeros(slots_with_scratch, self.depth + 1, width, dtype=target.dtype, device=target.device)
+        self.pending_count = torch.zeros(slots_with_scratch, dtype=torch.int64, device=target.device)
 
     def after_prefill(self, slot: int, features: torch.Tensor) -> None:
         """The prompt's features become the drafter's context for this slot."""
@@ -153,41 +153,72 @@ class DDTreeDecoder:
                                   torch.arange(n, device=features.device)[None])
         self.pending_count[slot] = 0
 
+    # The stages, as device work only (engine/static_step.py runs them on fixed shapes, in CUDA graphs).
+
+    def draft(self, slots: torch.Tensor, prefix_lens: torch.Tensor, bonus: torch.Tensor,
+              context_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending features into the drafter's cache, then its proposal: top-k log-probs and ids [bs, L, K]."""
+        count = self.pending_count[slots]
+        # Rows past `count` land at positions >= prefix_len: masked now, overwritten later. The clamp
+        # only matters for a static step's padding rows (prefix 0): a request's prefix holds its count.
+        positions = (prefix_lens - count).clamp(min=0)[:, None] + torch.arange(self.depth + 1, device=slots.device)
+        self.drafter_cache.append(self.drafter, slots, self.pending[slots], positions)
+        return propose(self.drafter, self.target, self.drafter_cache, slots, prefix_lens, bonus, self.top_k,
+                       context_rows=context_rows)
+
+    def verify(self, tree: TreeBatch, slots: torch.Tensor, prefix_lens: torch.Tensor, bonus: torch.Tensor,
+               seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target forward over [bonus, nodes...]: the target's choice after each [bs, 1 + B] and the features."""
+        tokens = torch.cat([bonus[:, None], tree.token_ids], dim=1)
+        depths = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], dim=1)
+        positions = prefix_lens[:, None] + depths
+        logits, features = self.target.forward_block(tokens, positions, self.cache.kv, slots, prefix_lens,
+                                                     block_mask(tree), self.feature_layers)
+        # The target's choice after each node: the token at the node's position + 1.
+        return choose_tokens(logits, positions + 1, seeds[:, None], self.temperature), features
+
+    def accept(self, tree: TreeBatch, target_choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """accepted [bs, L] (-1 padded), accept_len [bs], next_bonus [bs]."""
+        if target_choice.is_cuda:  # the Triton walk (triton_kernels/tree_accept.py), same outputs
+            from triton_kernels.tree_accept import tree_accept
+            return tree_accept(tree, target_choice, self.depth)
+        return accept_greedy(tree, target_choice, self.depth)
+
+    def compact(self, slots: torch.Tensor, prefix_lens: torch.Tensor, accepted: torch.Tensor,
+                accept_len: torch.Tensor, features: torch.Tensor) -> None:
+        """The accepted rows behind the bonus row; their features pending for the next draft."""
+        self.cache.compact(slots, prefix_lens, accepted, accept_len)
+        # The bonus and the accepted nodes (block rows 0 and 1 + accepted) condition the next draft.
+        kept_rows = torch.cat([torch.zeros_like(accepted[:, :1]), 1 + accepted.clamp(min=0)], dim=1)
+        self.pending[slots] = features.gather(1, kept_rows[..., None].expand(-1, -1, features.shape[-1]))
+        self.pending_count[slots] = 1 + accept_len
+
+    @staticmethod
+    def committed_rows(tree: TreeBatch, accepted: torch.Tensor, accept_len: torch.Tensor, next_bonus: torch.Tensor
+                       ) -> torch.Tensor:
+        """[bs, L + 2] int64: the accepted path's tokens (L, valid up to accept_len), the next bonus, accept_len."""
+        path_tokens = tree.token_ids.gather(1, accepted.clamp(min=0))
+        return torch.cat([path_tokens, next_bonus[:, None], accept_len[:, None]], dim=1)
+
     def step(self, batch: DecodeBatch) -> StepResult:
         slots, prefix_lens = batch.slots, batch.prefix_lens
         with self.nvtx.range(DRAFT):
-            count = self.pending_count[slots]
-            # Rows past `count` land at positions >= prefix_len: masked now, overwritten later.
-            positions = (prefix_lens - count)[:, None] + torch.arange(self.depth + 1, device=slots.device)
-            self.drafter_cache.append(self.drafter, slots, self.pending[slots], positions)
-            top_log_probs, top_token_ids = propose(self.drafter, self.target, self.drafter_cache, slots, prefix_lens,
-                                                   batch.bonus, self.top_k)
+            top_log_probs, top_token_ids = self.draft(slots, prefix_lens, batch.bonus)
         with self.nvtx.range(TREE_BUILD):
             tree = self.build_tree(top_log_probs, top_token_ids, self.budget).to(slots.device)
         with self.nvtx.range(VERIFY):
-            tokens = torch.cat([batch.bonus[:, None], tree.token_ids], dim=1)
-            depths = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], dim=1)
-            positions = prefix_lens[:, None] + depths
-            logits, features = self.target.forward_block(tokens, positions, self.cache.kv, slots, prefix_lens,
-                                                         block_mask(tree), self.feature_layers)
-            # The target's choice after each node: the token at the node's position + 1.
-            target_choice = choose_tokens(logits, positions + 1, batch.seeds[:, None], self.temperature)
+            target_choice, features = self.verify(tree, slots, prefix_lens, batch.bonus, batch.seeds)
         with self.nvtx.range(ACCEPT):
-            if slots.is_cuda:  # the Triton walk (triton_kernels/tree_accept.py), same outputs
-                from triton_kernels.tree_accept import tree_accept
-                accepted, accept_len, next_bonus = tree_accept(tree, target_choice, self.depth)
-            else:
-                accepted, accept_len, next_bonus = accept_greedy(tree, target_choice, self.depth)
+            accepted, accept_len, next_bonus = self.accept(tree, target_choice)
         with self.nvtx.range(KV_COMPACT):
-            self.cache.compact(slots, prefix_lens, accepted, accept_len)
-            # The bonus and the accepted nodes (block rows 0 and 1 + accepted) condition the next draft.
-            kept_rows = torch.cat([torch.zeros_like(accepted[:, :1]), 1 + accepted.clamp(min=0)], dim=1)
-            self.pending[slots] = features.gather(1, kept_rows[..., None].expand(-1, -1, features.shape[-1]))
-            self.pending_count[slots] = 1 + accept_len
+            self.compact(slots, prefix_lens, accepted, accept_len, features)
         with self.nvtx.range(SAMPLING):
-            path_tokens = tree.token_ids.gather(1, accepted.clamp(min=0))
-            rows = torch.cat([path_tokens, next_bonus[:, None]], dim=1).tolist()
-            lengths = accept_len.tolist()
-            committed = [apply_stop_rules(row[:n] + row[-1:], r, e)
-                         for row, n, r, e in zip(rows, lengths, batch.remaining, batch.eos_ids)]
-        return StepResult(committed, [1 + n for n in lengths], [row[-1] for row in rows], lengths)
+            rows = self.committed_rows(tree, accepted, accept_len, next_bonus).tolist()
+            return commit(rows, batch.remaining, batch.eos_ids)
+
+
+def commit(rows: list[list[int]], remaining: list[int], eos_ids: list[int | None]) -> StepResult:
+    """The step's result from its `committed_rows` on the host, under each request's stop rules."""
+    committed = [apply_stop_rules(row[:row[-1]] + row[-2:-1], r, e) for row, r, e in zip(rows, remaining, eos_ids)]
+    lengths = [row[-1] for row in rows]
+    return StepResult(committed, [1 + n for n in lengths], [row[-2] for row in rows], lengths)

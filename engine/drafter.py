@@ -160,23 +160,30 @@ class DrafterCache:
         """Project features [bs, n, F] of the tokens at positions [bs, n] and store their rows."""
         self.kv[:, slots[:, None], positions] = drafter.context_kv(features, positions).to(self.kv.dtype)
 
-    def context(self, slots: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [0, n) of each slot and which of them are valid ([bs, n] bool), n the longest length
-        rounded up to CONTEXT_BUCKET rows: on the H200 the attention runs through cuDNN, which plans
-        each new shape (~38 ms, longer than the rest of a K2-shaped draft) and would meet a new
-        length every step."""
-        n = min(-(-int(lengths.max()) // CONTEXT_BUCKET) * CONTEXT_BUCKET, self.kv.shape[2])
+    @property
+    def rows(self) -> int:
+        return self.kv.shape[2]
+
+    def context(self, slots: torch.Tensor, lengths: torch.Tensor, rows: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [0, n) of each slot and which of them are valid ([bs, n] bool). n is `rows` when given
+        (the static-shape step passes the capacity: no host read, one shape), else the longest length
+        rounded up to CONTEXT_BUCKET rows, read from the device: on the H200 the attention ran through
+        cuDNN, which plans each new shape (~38 ms, longer than the rest of a K2-shaped draft) and
+        would meet a new length every step."""
+        n = rows if rows is not None else min(-(-int(lengths.max()) // CONTEXT_BUCKET) * CONTEXT_BUCKET, self.rows)
         valid = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
         return self.kv[:, slots, :n], valid
 
 
 def propose(drafter: Drafter, target, cache: DrafterCache, slots: torch.Tensor, context_lens: torch.Tensor,
-            bonus: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One drafter forward per request over [bonus, MASK x L]: top_log_probs and top_token_ids [bs, L, K]."""
+            bonus: torch.Tensor, top_k: int, context_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drafter forward per request over [bonus, MASK x L]: top_log_probs and top_token_ids [bs, L, K]
+    (over `context_rows` context rows when given, see `DrafterCache.context`)."""
     depth = drafter.config.depth
     block = torch.cat([bonus[:, None], bonus.new_full((bonus.shape[0], depth), drafter.config.mask_token_id)], dim=1)
     positions = context_lens[:, None] + torch.arange(depth + 1, device=bonus.device)
-    context, valid = cache.context(slots, context_lens)
+    context, valid = cache.context(slots, context_lens, context_rows)
     hidden = drafter(target.embed(block), positions, context, valid)
     logits = target.logits(hidden[:, 1:])  # [bs, L, vocab] float32
     top = logits.topk(top_k, dim=-1)

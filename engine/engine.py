@@ -10,7 +10,9 @@ A scheduler drives it:
 Each `step` is one NVTX range `step` holding the decode stages, followed by a `tokens` mark whose
 payload is the number of tokens committed (whole batch); `admit` runs the prompt as a `prefill`
 range. A request's tokens never depend on what else is in the batch (see model.linear and
-attention.tree_attention). At `temperature` > 0 the target samples; each request's sample at a
+attention.tree_attention). `static_shapes` runs the static-shape step (engine/static_step.py),
+`cuda_graphs` replays it as CUDA graphs recorded here, before any request (engine/cuda_graphs.py).
+At `temperature` > 0 the target samples; each request's sample at a
 position depends only on its seed and that position (engine/sampling.py), so DDTree still emits
 exactly the autoregressive tokens.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.cuda_graphs import GraphRecording, record_graphs, require_graphable
 from engine.ddtree import ARDecoder, DDTreeDecoder, DecodeBatch, apply_stop_rules
 from engine.drafter import Drafter
 from engine.errors import EngineError
@@ -31,6 +34,7 @@ from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
 from engine.sampling import MAX_SEED, MIN_TEMPERATURE, choose_tokens, valid_temperature
 from engine.stages import PREFILL, STEP, TOKENS_MARK
+from engine.static_step import StaticStep
 
 
 def rows_per_slot(lengths: Iterable[tuple[int, int]], budget: int) -> int:
@@ -63,7 +67,7 @@ class RequestResult:
 class Engine:
     def __init__(self, model: TargetModel, drafter: Drafter | None, *, budget: int, builder: str = "cpu",
                  mode: str = "ddtree", n_slots: int, max_len: int, device: str | torch.device | None = None,
-                 nvtx: bool = True, temperature: float = 0.0):
+                 nvtx: bool = True, temperature: float = 0.0, static_shapes: bool = False, cuda_graphs: bool = False):
         if mode not in ("ddtree", "ar"):
             raise EngineError(f"unknown decoding mode {mode!r}; choose ddtree or ar")
         if mode == "ddtree" and drafter is None:
@@ -77,6 +81,11 @@ class Engine:
             raise EngineError(f"max_len {max_len} (+{lookahead} lookahead) exceeds the model's "
                               f"max_position_embeddings {model.config.max_position_embeddings}")
         self.device = torch.device(device) if device is not None else model.device
+        if cuda_graphs:
+            require_graphable(self.device.type, mode)
+        static_shapes = static_shapes or cuda_graphs  # graphs replay the static-shape step
+        if static_shapes and mode != "ddtree":
+            raise EngineError("the static-shape step: only for ddtree decoding")
         if self.device.type == "cuda" and self.device.index is None:  # "cuda" means the current GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device != model.device:
@@ -84,12 +93,17 @@ class Engine:
         self.model, self.mode, self.budget, self.temperature = model, mode, budget, temperature
         self.nvtx = Nvtx(nvtx)
         self.cache = LatentKVCache(model.config.num_hidden_layers, n_slots, max_len, model.config.latent_dim,
-                                   dtype=model.dtype, device=self.device)
+                                   dtype=model.dtype, device=self.device, scratch_slots=int(static_shapes))
         if mode == "ddtree":
             self.decoder = DDTreeDecoder(model, drafter, self.cache, budget=budget, builder=builder, nvtx=self.nvtx,
                                          temperature=temperature)
         else:
             self.decoder = ARDecoder(model, self.cache, self.nvtx, temperature=temperature)
+        # The static-shape step (engine/static_step.py), its padding rows in the scratch slot after n_slots.
+        self.static_step = StaticStep(self.decoder, n_slots, n_slots, self.nvtx, builder == "cpu") \
+            if static_shapes else None
+        # What recording the CUDA graphs took (engine/cuda_graphs.py), before any request.
+        self.graphs: GraphRecording | None = record_graphs(self.static_step) if cuda_graphs else None
         self.block_rows = 1 + budget if mode == "ddtree" else 1  # rows one step writes past the prefix
         self.requests: dict[Hashable, Request] = {}
 
@@ -140,15 +154,15 @@ class Engine:
         if not ids:
             return {}
         requests = [self.requests[rid] for rid in ids]
+        columns = [[r.slot for r in requests], [r.prefix_len for r in requests], [r.bonus for r in requests],
+                   [r.seed for r in requests]]  # in the order of static_step.INPUTS
+        remaining = [r.max_new_tokens - len(r.tokens) for r in requests]
+        eos_ids = [r.eos_id for r in requests]
         with self.nvtx.range(STEP):
-            batch = DecodeBatch(
-                slots=self._tensor([r.slot for r in requests]),
-                prefix_lens=self._tensor([r.prefix_len for r in requests]),
-                bonus=self._tensor([r.bonus for r in requests]),
-                seeds=self._tensor([r.seed for r in requests]),
-                remaining=[r.max_new_tokens - len(r.tokens) for r in requests],
-                eos_ids=[r.eos_id for r in requests])
-            result = self.decoder.step(batch)
+            if self.static_step is not None:
+                result = self.static_step.step(columns, remaining, eos_ids)
+            else:
+                result = self.decoder.step(DecodeBatch(*(self._tensor(c) for c in columns), remaining, eos_ids))
         self.nvtx.mark(TOKENS_MARK, sum(len(t) for t in result.committed))
         for i, request in enumerate(requests):
             request.tokens += result.committed[i]

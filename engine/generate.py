@@ -70,12 +70,13 @@ def _matching_drafter(path: str, target: TargetModel) -> Drafter:
 
 def generate(target: TargetModel, drafter: Drafter, prompts: list[list[int]], *, mode: str = "ddtree",
              builder: str = "cpu", budget: int = 8, max_new_tokens: int = 32, eos_id: int | None = None,
-             nvtx: bool = True, temperature: float = 0.0, sample_seed: int = 0) -> list[RequestResult]:
+             nvtx: bool = True, temperature: float = 0.0, sample_seed: int = 0,
+             cuda_graphs: bool = False) -> list[RequestResult]:
     """Decode all prompts together as one batch, each in its own cache slot (prompt i samples
     with seed sample_seed + i)."""
     max_len = rows_per_slot(((len(p), max_new_tokens) for p in prompts), budget)
     engine = Engine(target, drafter, budget=budget, builder=builder, mode=mode, n_slots=len(prompts),
-                    max_len=max_len, nvtx=nvtx, temperature=temperature)
+                    max_len=max_len, nvtx=nvtx, temperature=temperature, cuda_graphs=cuda_graphs)
     for i, prompt in enumerate(prompts):
         engine.admit(i, prompt, max_new_tokens, eos_id, seed=sample_seed + i)
     while engine.active:
@@ -108,6 +109,7 @@ def register(subcommands) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     arguments.add_batch_invariant(parser)
+    arguments.add_cuda_graphs(parser)
     arguments.add_dtype_option(parser)
     parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     _tree_options(args)
     arguments.temperature(args.temperature)
     args.device = arguments.device(args.device)
+    arguments.cuda_graphs(args.cuda_graphs, args.device, args.mode)
     if args.weights and args.random_weights:
         raise EngineError("--weights and --random-weights: choose one (a checkpoint, or seeded random weights)")
     set_batch_invariant(args.batch_invariant)
@@ -131,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = [[bos] * (bos is not None) + tokenizer.encode(t) for t in texts]
     results = generate(target, drafter, prompts, mode=args.mode, builder=args.builder, budget=args.budget,
                        max_new_tokens=args.max_new_tokens, eos_id=None if args.ignore_eos else eos,
-                       nvtx=not args.no_nvtx, temperature=args.temperature, sample_seed=args.sample_seed)
+                       nvtx=not args.no_nvtx, temperature=args.temperature, sample_seed=args.sample_seed,
+                       cuda_graphs=args.cuda_graphs)
     rows = [{"tokens": r.tokens, "target_forwards": r.target_forwards, "accept_lengths": r.accept_lengths,
              "text": tokenizer.decode(r.tokens)} for r in results]
     if args.json:

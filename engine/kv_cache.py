@@ -32,16 +32,21 @@ def compact_accepted(kv: torch.Tensor, slots: torch.Tensor, prefix_lens: torch.T
 
 
 class LatentKVCache:
-    """The cache tensor plus slot bookkeeping: which slots are free, and how many rows fit."""
+    """The cache tensor plus slot bookkeeping: which slots are free, and how many rows fit.
+
+    `scratch_slots` extra slots after the `n_slots` a request can have: the static-shape step
+    (engine/static_step.py) points its padding rows at one, so padding never touches a request."""
 
     def __init__(self, num_layers: int, n_slots: int, max_len: int, dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.kv = torch.zeros(num_layers, n_slots, max_len, dim, dtype=dtype, device=device)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", scratch_slots: int = 0):
+        self.kv = torch.zeros(num_layers, n_slots + scratch_slots, max_len, dim, dtype=dtype, device=device)
+        self._n_slots = n_slots
         self._free = list(range(n_slots))
 
     @property
     def n_slots(self) -> int:
-        return self.kv.shape[1]
+        """Slots a request can be given (the scratch slots are not among them)."""
+        return self._n_slots
 
     @property
     def max_len(self) -> int:

@@ -55,6 +55,7 @@ def register(subcommands) -> None:
                         help="torch threads on the CPU (default 1: on shared cores, every op with more threads "
                              "waits for whichever OpenMP thread was descheduled)")
     arguments.add_batch_invariant(parser)
+    arguments.add_cuda_graphs(parser)
     parser.add_argument("--summary", type=Path, help="write the run's JSON summary here")
     parser.add_argument("--progress", type=Path, help="append 'done total' lines here as requests finish")
     parser.add_argument("--check", action="store_true", help="validate the arguments and requests, then exit")
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     arguments.output_file(args.progress, "--progress")
     config = preset(args.model)
     device = arguments.device(args.device)
+    arguments.cuda_graphs(args.cuda_graphs, device)
     from engine.ddtree import checked_tree_builder
     from engine.engine import rows_per_slot
 
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
-                        temperature=args.temperature)
+                        temperature=args.temperature, cuda_graphs=args.cuda_graphs)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
     warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
     progress.start()
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     wall_s = time.perf_counter() - start
     if args.summary:
         _write_json(args.summary, _summary(args, requests, result, wall_s, device,
-                                           str(target.dtype).removeprefix("torch.")))
+                                           str(target.dtype).removeprefix("torch."), engine.graphs))
     return 0
 
 
@@ -136,8 +138,9 @@ def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int) -> None:
 
 
 def _summary(args: argparse.Namespace, requests: list[Request], result: ServeResult, wall_s: float,
-             device: str, dtype: str) -> dict:
-    """The run's JSON summary (see the module docstring for how tokens are counted)."""
+             device: str, dtype: str, graphs=None) -> dict:
+    """The run's JSON summary (see the module docstring for how tokens are counted); `graphs`: the
+    engine's GraphRecording (engine/cuda_graphs.py) when --cuda-graphs recorded some."""
     import torch
 
     return {
@@ -145,6 +148,9 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "slots": min(args.concurrency, len(requests)),  # requests in flight at most
         "builder": args.builder, "budget": args.budget, "mode": "ddtree", "seed": args.seed,
         "temperature": args.temperature, "batch_invariant": args.batch_invariant,
+        "cuda_graphs": args.cuda_graphs, "graph_buckets": list(graphs.buckets) if graphs else None,
+        "graph_record_s": round(graphs.record_s, 6) if graphs else None,
+        "graph_pool_bytes": graphs.pool_bytes if graphs else None,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED), "dtype": dtype,
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),

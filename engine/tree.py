@@ -38,9 +38,11 @@ class TreeBatch:
     parents: torch.Tensor  # [bs, B] int64, -1 = root, else an index < the node's own
     visibility: torch.Tensor  # [bs, B, B] bool, [b, i, j] = node j is node i or one of its ancestors
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.token_ids, self.depths, self.parents, self.visibility
+
     def to(self, device: torch.device | str) -> TreeBatch:
-        return TreeBatch(*(t.to(device, non_blocking=True) for t in
-                           (self.token_ids, self.depths, self.parents, self.visibility)))
+        return TreeBatch(*(t.to(device, non_blocking=True) for t in self.tensors()))
 
 
 def max_tree_size(depth: int, k: int) -> int:

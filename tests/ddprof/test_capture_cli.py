@@ -86,12 +86,13 @@ def test_help_shows_the_engines_real_defaults_and_no_type_on_flags():
     assert "(default: 1,2,4 on a CPU; 1,8,32 on a GPU)" in " ".join(sweep.stdout.split()) and "<bool>" not in sweep.stdout
 
 
-def test_capture_passes_batch_invariance_on_to_the_engine(tmp_path):
+@pytest.mark.parametrize("field,flag", [("batch_invariant", "batch-invariant"), ("cuda_graphs", "cuda-graphs")])
+def test_capture_passes_its_switches_on_to_the_engine(tmp_path, field, flag):
     from ddprof.capture import CaptureRequest, serve_command
 
     def command(setting):
-        request = CaptureRequest(workload="chat", concurrency=2, out=tmp_path / "run", batch_invariant=setting)
+        request = CaptureRequest(workload="chat", concurrency=2, out=tmp_path / "run", **{field: setting})
         return serve_command(request, "cpu", tmp_path / "s.json", tmp_path / "p")
 
-    assert "--no-batch-invariant" in command(False) and "--batch-invariant" in command(True)
-    assert not any("batch-invariant" in part for part in command(None))
+    assert f"--no-{flag}" in command(False) and f"--{flag}" in command(True)
+    assert not any(flag in part for part in command(None))

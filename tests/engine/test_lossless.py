@@ -70,13 +70,15 @@ def oracle_propose(sequences, generator):
     At every depth the true continuation (from the AR run) sits at rank 0, 1 or 2, or is missing.
     """
 
-    def propose(drafter, target, cache, slots, context_lens, bonus, top_k):
+    def propose(drafter, target, cache, slots, context_lens, bonus, top_k, context_rows=None):
         depth, vocab = drafter.config.depth, target.config.vocab_size
         # Rank 0 far likelier than the rest: the tree grows a deep chain first, then siblings.
         ranks = torch.arange(top_k, dtype=torch.float32)
         log_probs = torch.where(ranks == 0, -0.05, -3.0 - ranks).expand(len(slots), depth, top_k).clone()
         ids = torch.zeros(len(slots), depth, top_k, dtype=torch.int64)
         for b, (slot, start) in enumerate(zip(slots.tolist(), context_lens.tolist())):
+            if slot not in sequences:  # a static step's padding row: any proposal will do
+                continue
             sequence = sequences[slot]
             assert sequence[start] == bonus[b].item()  # the bonus is the token at position prefix_len
             for d in range(depth):
