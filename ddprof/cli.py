@@ -120,7 +120,8 @@ def capture(
 
 
 _STAGE_MAP_HELP = "JSON/TOML file mapping another engine's NVTX range names onto step and the six stages."
-_DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in the output) instead of failing."
+_DROP_HELP = ("Leave out unclosed and cross-thread step/stage ranges, and stage ranges across a step's start or end "
+              "(counted in the output), instead of failing.")
 
 
 def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
