@@ -41,8 +41,12 @@ def resolve_export(path: Path) -> Path:
     into ddprof's cache when the report's folder is read-only (exported once, reused after).
     """
     path = Path(path)
-    if not path.exists():
-        raise DdprofError(f"{path}: no such file")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise DdprofError(f"{path}: no such file") from None
+    except OSError as exc:  # a name too long, a symlink loop, a folder on the way without search permission
+        raise DdprofError(f"{path}: {exc.strerror}") from None
     if not path.is_file():
         raise DdprofError(f"{path}: not a file")
     if not os.access(path, os.R_OK):
