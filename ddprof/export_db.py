@@ -181,8 +181,9 @@ class ExportDb:
 
         The table's B-tree pages are decoded by ddprof.btree_scan on a reader thread of its own, so
         the big tables are read at once. Columns are Int64: NULL stays null in `nullable` columns;
-        in the others (times, ids: nsys always writes them) a NULL refuses the file, never reads as
-        0 (a NULL start read as 0 made an op run for minutes); `present` columns are Boolean,
+        in the others (times, ids: nsys always writes them) a NULL, or the column missing, refuses
+        the file, never reads as 0 (a NULL start read as 0 made an op run for minutes); `present`
+        columns are Boolean,
         whether the value (of any type) is not NULL; `real` columns are Float64 and `text` columns
         String, both null where NULL. A column the table lacks is all null (False for `present`);
         an absent table is an empty frame.
@@ -195,6 +196,10 @@ class ExportDb:
             done.set_result(pl.DataFrame(schema=schema))
             return done
         root, layout = self._layout(table)
+        missing = [column for name, column in columns.items() if kinds[name] == INT and column not in layout]
+        if missing:
+            raise DdprofError(f"{self.path}: table {table} has no column {missing[0]}, which every nsys export's has: "
+                              "a damaged export")
         asked = {name: layout[column] for name, column in columns.items() if column in layout}
         # Required integers are read with their presence, to be checked.
         spec = [(index, NULLABLE_INT if kinds[name] == INT else kinds[name]) for name, index in asked.items()]
@@ -206,6 +211,8 @@ class ExportDb:
         and an INTEGER PRIMARY KEY column, which is the rowid under another name)."""
         (root, sql), = self._fetch("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
                                    (table,))
+        if not isinstance(root, int) or not isinstance(sql, str):
+            raise DdprofError(f"{self.path}: unreadable SQLite export (the schema's entry for table {table} is damaged)")
         info = self._fetch(f'PRAGMA table_xinfo("{table}")')  # cid, name, type, notnull, default, pk, hidden
         # Rows written before an ALTER TABLE ADD COLUMN ... DEFAULT lack the column and mean its
         # default, which the page reader cannot know; nsys declares no defaults.
@@ -256,5 +263,5 @@ class ExportDb:
         (text that is not UTF-8), and every such failure names the file."""
         try:
             return self._db.execute(sql, params).fetchall()
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
-            raise DdprofError(f"{self.path}: unreadable SQLite export ({exc})") from None
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # may quote a damaged schema's SQL: one line
+            raise DdprofError(f"{self.path}: unreadable SQLite export ({' '.join(str(exc).split())[:200]})") from None

@@ -108,7 +108,7 @@ def _strings(db: ExportDb) -> pl.DataFrame:
     schema = {"string_id": pl.Int64, "value": pl.String}
     if "StringIds" not in db.tables:
         return pl.DataFrame(schema=schema)
-    return db.frame("SELECT id, value FROM StringIds", schema)
+    return validate.string_ids(db.path, db.frame("SELECT id, value FROM StringIds", schema))
 
 
 def _text_of(id_column: str, strings: pl.DataFrame) -> pl.Expr:

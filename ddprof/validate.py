@@ -25,6 +25,13 @@ MAX_SPAN_NS = 1 << 53
 MAX_TOKENS_PER_MARK = 1 << 32
 
 
+def string_ids(source: Path, strings: pl.DataFrame) -> pl.DataFrame:
+    """StringIds as read (string_id, value), refused when an id is missing or names two strings."""
+    if strings["string_id"].null_count() or strings["string_id"].n_unique() != strings.height:
+        raise DdprofError(f"{source}: StringIds has missing or repeated ids: a damaged export")
+    return strings
+
+
 def nvtx_threads(source: Path, events: pl.DataFrame, placed_types: tuple[int, ...]) -> None:
     """Refuse NVTX events of `placed_types` without a thread (NULL globalTid): a range on no thread
     cannot be put on a timeline, and read as thread 0 it moved its time to `other`."""

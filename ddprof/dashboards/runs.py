@@ -93,7 +93,7 @@ def read_metadata(trace: Path) -> dict | None:
         return None
     try:
         meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DdprofError(f"{path}: unreadable capture metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise DdprofError(f"{path}: capture metadata must be a JSON object, not {type(meta).__name__}")
