@@ -13,6 +13,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from ddprof.atomic import atomic_path
 from ddprof.errors import DdprofError
-from ddprof.process_group import end_owned, new_owner, run_owned
+from ddprof.process_group import run_owned
 
 SHM = Path("/dev/shm")  # where nsys keeps its machine-wide lock
 INSTALL_HINT = "install it with `bash scripts/install-nsys.sh` (Debian non-free nsight-systems) or set NSYS=/path/to/nsys"
@@ -86,13 +87,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _shutdown(nsys: Nsys, session: str, owner: str) -> None:
-    """End a session and every process of the capture (its daemon, launcher and the profiled
-    program); harmless when all already ended (the normal case)."""
+def _shutdown(nsys: Nsys, session: str) -> None:
+    """End a session the way nsys means it to end (its daemon lets go of the machine-wide lock);
+    harmless when it already ended (the normal case). ddprof.process_group kills what is left."""
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run([str(nsys.path), "shutdown", f"--session={session}", "--kill=sigkill"],
                        capture_output=True, timeout=60, check=False)
-    end_owned(owner)
 
 
 def clear_stale_locks(shm: Path = SHM) -> list[Path]:
@@ -160,6 +160,9 @@ def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: fl
         held = _held_locks()
         if held:
             raise DdprofError(held)
+    if returncode < 0:  # nsys itself was killed: the program's exit code never came back
+        raise DdprofError(f"nsys profile was killed by {signal.Signals(-returncode).name} (exit {returncode}); "
+                          "its processes were ended and nothing was kept")
     if returncode != 0:
         report.unlink(missing_ok=True)
         raise DdprofError(f"profiled program failed (exit {returncode}): {_last_line(stderr)}")
@@ -173,7 +176,6 @@ def _profile_once(nsys: Nsys, command: list[str], out: Path, trace: str, timeout
     """One `nsys profile` run in a private TMPDIR and a unique session, always cleaned up: on
     success, failure, timeout or interrupt no process of it survives and its TMPDIR is gone."""
     session = f"ddprof-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    owner = new_owner()
     tmpdir = tempfile.mkdtemp(prefix="ddprof-nsys-")
     run_env = dict(os.environ if env is None else env)
     run_env["TMPDIR"] = tmpdir
@@ -181,13 +183,12 @@ def _profile_once(nsys: Nsys, command: list[str], out: Path, trace: str, timeout
             "--sample=none", "--cpuctxsw=none", "--wait=primary", "-f", "true", "-o", str(out),
             *command]
     try:
-        return run_owned(args, timeout_s=timeout_s, env=run_env, owner=owner)
+        return run_owned(args, timeout_s=timeout_s, env=run_env, stop=lambda: _shutdown(nsys, session))
     except subprocess.TimeoutExpired:
         out.with_name(out.name + ".nsys-rep").unlink(missing_ok=True)
         raise DdprofError(f"nsys profile timed out after {timeout_s:.0f} s (session {session} shut down): "
                           f"{' '.join(command)}") from None
     finally:
-        _shutdown(nsys, session, owner)
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 

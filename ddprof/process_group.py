@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 OWNER_VARIABLE = "DDPROF_OWNER"
@@ -86,26 +86,31 @@ def handle_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def new_owner() -> str:
+def _new_owner() -> str:
     return f"ddprof-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def run_owned(args: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
-              owner: str | None = None) -> tuple[int, str, str]:
+              stop: Callable[[], None] | None = None) -> tuple[int, str, str]:
     """Run `args` to the end or `timeout_s` (then subprocess.TimeoutExpired) and return (exit
-    code, stdout, stderr); whatever happens, no process it started outlives the call."""
-    owner = owner or new_owner()
+    code, stdout, stderr); whatever happens, no process it started outlives the call. `stop`,
+    when given, runs first on every exit (a graceful end: nsys's own session shutdown)."""
+    owner = _new_owner()
     run_env = {**(os.environ if env is None else env), OWNER_VARIABLE: owner}
     proc = subprocess.Popen(args, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             encoding="utf-8", errors="replace", start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     finally:
-        end_owned(owner, proc)
+        try:
+            if stop:
+                stop()
+        finally:
+            _end_owned(owner, proc)
     return proc.returncode, stdout, stderr
 
 
-def end_owned(owner: str, proc: subprocess.Popen | None = None) -> None:
+def _end_owned(owner: str, proc: subprocess.Popen | None = None) -> None:
     """Kill every process that carries `owner`'s mark (again while new ones appear) and wait until
     they are gone; `proc`, the one started, is reaped and its pipes closed."""
     mark = f"{OWNER_VARIABLE}={owner}".encode()
