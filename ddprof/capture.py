@@ -241,10 +241,11 @@ def _publish(report: Path, sqlite_path: Path, staged_json: Path, out: Path, meta
     """Move the staged files into place; the JSON goes last, so it exists only beside a full set."""
     final = Capture(report=out.with_name(out.name + ".nsys-rep"), sqlite=out.with_name(out.name + ".sqlite"),
                     json_path=out.with_name(out.name + ".json"), meta=meta)
-    final.json_path.unlink(missing_ok=True)
-    os.replace(report, final.report)
-    os.replace(sqlite_path, final.sqlite)
-    os.replace(staged_json, final.json_path)
+    with deferred():  # a signal now would leave part of the set in place
+        final.json_path.unlink(missing_ok=True)
+        os.replace(report, final.report)
+        os.replace(sqlite_path, final.sqlite)
+        os.replace(staged_json, final.json_path)
     return final
 
 

@@ -110,29 +110,45 @@ def clear_stale_locks(shm: Path = SHM) -> list[Path]:
 
 
 def _held_locks(shm: Path = SHM) -> str | None:
-    """After nsys failed to start again and again: the lock and the nsys processes holding it,
-    with the fix, in one line (None without a lock)."""
+    """After nsys failed to start again and again: the lock, who holds it and the fix, in one line
+    (None without a lock). An agent whose capture (`nsys profile --session-new=S`) is gone is the
+    usual culprit: named alone when there is one."""
     locks = sorted(shm.glob("NSys-*"))
     if not locks:
         return None
-    pids = " ".join(map(str, _nsys_pids()))
-    return (f"{locks[0]}: nsys could not start its agent; its machine-wide lock is held by nsys processes {pids} "
-            f"(a stuck capture?): end them (kill -9 {pids}) and remove the lock (rm {' '.join(map(str, locks))})")
+    cmdlines = {pid: _cmdline(pid) for pid in _nsys_pids()}
+    sessions = {arg.removeprefix("--session-new=") for args in cmdlines.values() for arg in args
+                if arg.startswith("--session-new=")}
+    orphans = [pid for pid, args in cmdlines.items() if "--start-agent" in args and not sessions & {
+        arg.removeprefix("--session-name=") for arg in args if arg.startswith("--session-name=")}]
+    pids = " ".join(map(str, orphans or cmdlines))
+    held_by = (f"nsys agents {pids} outlived their captures" if orphans else f"nsys processes {pids} (a stuck capture?)")
+    return (f"{locks[0]}: nsys could not start its agent; its machine-wide lock is held by {held_by}: end them "
+            f"(kill -9 {pids}) and remove the lock (rm {' '.join(map(str, locks))}), then capture again")
 
 
 def _nsys_pids() -> list[int]:
-    """Live nsys processes of any capture on the machine (the CLI, its daemon, launcher, tee)."""
+    """Live nsys processes of any capture on the machine (the CLI, its agent, launcher, tee)."""
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
-            if proc.joinpath("comm").read_text().startswith("nsys") and proc.joinpath("cmdline").read_bytes():
+            if proc.joinpath("comm").read_text().startswith("nsys") and _cmdline(int(proc.name)):
                 pids.append(int(proc.name))
     return sorted(pids)
 
 
+def _cmdline(pid: int) -> list[str]:
+    """A process's arguments (empty for a zombie or a process gone)."""
+    try:
+        return [arg.decode(errors="replace") for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg]
+    except OSError:
+        return []
+
+
 # nsys's own launch failures (no report, no app output), seen when several captures start at once;
 # a fresh session almost always succeeds, so these are retried. App failures never are.
-_INFRASTRUCTURE_FAILURES = re.compile(r"QuadDCommon|Agent launcher failed|Local Endpoint|agent connection", re.I)
+_INFRASTRUCTURE_FAILURES = re.compile(r"QuadDCommon|Agent launcher failed|Local Endpoint|agent connection|"
+                                      r"Connection reset by peer", re.I)
 ATTEMPTS = 3
 
 
