@@ -54,6 +54,8 @@ def resolve_export(path: Path) -> Path:
     if path.suffix == ".nsys-rep":
         sibling = path.with_suffix(".sqlite")
         if sibling.is_file():
+            if sibling.stat().st_size == 0:  # what an interrupted export wrote before exports were atomic
+                raise DdprofError(f"{sibling}: empty (an interrupted export?); delete it to export {path.name} again")
             behind = path.stat().st_mtime - sibling.stat().st_mtime
             if behind > STALE_EXPORT_S:  # an export is written after its report, seconds later at most
                 raise DdprofError(f"{sibling}: {behind:.0f} s older than {path.name}, so an export of an earlier "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ddprof.atomic import atomic_path, atomic_paths
 from ddprof.errors import DdprofError
 from ddprof.export_db import resolve_export
 from ddprof.nsys import _nsys_pids, clear_stale_locks, profile
@@ -109,6 +110,33 @@ def test_an_export_on_a_full_disk_says_so_and_leaves_no_sqlite_the_next_run_woul
     filler.unlink()
     done = ddprof("breakdown", small_disk / "run.nsys-rep", "--json")
     assert "no step ranges" in done.stderr  # read this time: nvtx_program.py's ranges are not the engine's
+
+
+def test_a_dashboard_on_a_read_only_mount_is_one_line(small_disk, tmp_path):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    done = ddprof("dashboard", known_runs.write(tmp_path, "gpu"), "--out", small_disk / "page.html")
+    _one_line(done, f"{small_disk / 'page.html'}: cannot write the dashboard (Read-only file system)")
+
+
+def test_an_interrupted_write_leaves_nothing_and_keeps_the_old_file(tmp_path):
+    old = tmp_path / "x.sqlite"
+    old.write_text("the whole old file")
+    with pytest.raises(KeyboardInterrupt), atomic_path(old) as partial:
+        partial.write_text("half of the new")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["x.sqlite"] and old.read_text() == "the whole old file"
+    (tmp_path / "b.parquet").mkdir()  # a set whose second file cannot be put in place: none of it is
+    with pytest.raises(IsADirectoryError), atomic_paths([tmp_path / "a.parquet", tmp_path / "b.parquet"]) as partials:
+        for partial in partials:
+            partial.write_text("frame")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.parquet", "x.sqlite"]
+
+
+def test_an_empty_export_beside_a_report_says_what_to_do(tmp_path):
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"not read")
+    (tmp_path / "run.sqlite").write_bytes(b"")
+    _one_line(ddprof("breakdown", report), f"{tmp_path / 'run.sqlite'}: empty (an interrupted export?); delete it")
 
 
 def test_a_stale_nsys_lock_is_removed_when_no_nsys_is_alive(tmp_path):
