@@ -97,9 +97,10 @@ def _shutdown(nsys: Nsys, session: str) -> None:
 
 def clear_stale_locks(shm: Path = SHM) -> list[Path]:
     """Remove nsys's machine-wide locks (`NSys-<version>` in /dev/shm) when no nsys process is
-    alive to hold them: a daemon killed mid-capture leaves its lock behind, and from then on every
-    capture on the machine, and plain `nsys profile /bin/true`, fails with "Agent launcher
-    failed". Returns the locks removed."""
+    alive to hold them (an agent killed mid-capture leaves its lock behind, with its dead pid
+    inside). A lock whose agent is alive but stuck makes every capture on the machine, and plain
+    `nsys profile /bin/true`, fail with "Agent launcher failed": `_held_locks` names it. Returns
+    the locks removed."""
     locks = sorted(shm.glob("NSys-*"))
     if not locks or _nsys_pids():
         return []
@@ -177,6 +178,7 @@ def profile(command: list[str], out: Path, *, trace: str = "nvtx", timeout_s: fl
         if held:
             raise DdprofError(held)
     if returncode < 0:  # nsys itself was killed: the program's exit code never came back
+        report.unlink(missing_ok=True)
         raise DdprofError(f"nsys profile was killed by {signal.Signals(-returncode).name} (exit {returncode}); "
                           "its processes were ended and nothing was kept")
     if returncode != 0:
