@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 import triton
 
+from ddprof.atomic import atomic_path
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -37,5 +39,6 @@ def describe() -> dict:
 
 def write_result(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1) + "\n")
+    with atomic_path(path) as partial:  # an interrupted benchmark never leaves half a result file
+        partial.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {path}", flush=True)

@@ -90,7 +90,7 @@ def read_ab(path: Path) -> ABResult:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise DdprofError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DdprofError(f"{path}: unreadable A/B result ({exc})") from None
     if not isinstance(data, dict) or data.get("benchmark") not in BENCHMARKS:
         raise DdprofError(f"{path}: not an A/B result file (its `benchmark` must be one of {', '.join(BENCHMARKS)}; "

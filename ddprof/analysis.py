@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from ddprof.attribution import OTHER, OWNERS, PER_STEP_COLUMNS, Attribution
+from ddprof.atomic import atomic_paths
 from ddprof.errors import DdprofError
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
@@ -164,15 +165,12 @@ def write_parquet(frames: dict[str, pl.DataFrame], folder: Path) -> list[Path]:
     none (the ones already written are removed: a partial set would read as a whole one)."""
     folder = Path(folder)
     require_parquet_folder(folder)
-    written = []
+    paths = [folder / f"{stem}.parquet" for stem in frames]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for stem, frame in frames.items():
-            path = folder / f"{stem}.parquet"
-            frame.write_parquet(path)
-            written.append(path)
-    except OSError as exc:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise DdprofError(f"{folder}: cannot write the parquet files ({exc.strerror or exc})") from None
-    return written
+        with atomic_paths(paths) as partials:
+            for frame, partial in zip(frames.values(), partials):
+                frame.write_parquet(partial)
+    except (OSError, pl.exceptions.PolarsError) as exc:  # polars reports a full disk as its own error
+        raise DdprofError(f"{folder}: cannot write the parquet files ({getattr(exc, 'strerror', None) or exc})") from None
+    return paths

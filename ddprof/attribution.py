@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ddprof import validate
 from ddprof.errors import DdprofError
 from ddprof.graphs import GraphTrace, graph_trace, op_counts
 from ddprof.intervals import covered_length, first_cover, ranked, segment_of, union, winner_of
@@ -63,7 +64,8 @@ class Attribution:
                   ranges count their overlap once in cpu_ns, wait_ns, gpu_ns
     tokens:       sum of all token mark payloads (also those outside steps); None without token marks
                   (tok/s is then unknown, not 0, and so is each step's `tokens`)
-    dropped:      incomplete mapped ranges left out: {'unclosed': n, 'cross_thread': n}
+    dropped:      mapped ranges left out (--drop-incomplete): {'unclosed': n, 'cross_thread': n,
+                  'outside_step': n (stage ranges that cross their step's start or end)}
     graphs:       how the trace recorded CUDA graph replays (ddprof.graphs.GraphTrace)
     """
 
@@ -87,7 +89,7 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
     stage_map = stage_map or StageMap.default()
     dropped = _check_incomplete(trace, stage_map, drop_incomplete)
     graphs = graph_trace(trace)
-    steps, stage_ranges = _steps_and_stage_ranges(trace, stage_map)
+    steps, stage_ranges, dropped["outside_step"] = _steps_and_stage_ranges(trace, stage_map, drop_incomplete)
     tokens, steps = _tokens(trace, stage_map, steps)
     per_step, op_stage, op_step, wait_ns = _walk(trace, steps, stage_ranges)
     attributed = pl.Series(op_step) >= 0
@@ -98,13 +100,16 @@ def attribute(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplet
                        tokens, dropped, trace.has_gpu_activity, graphs)
 
 
-def _steps_and_stage_ranges(trace: Trace, stage_map: StageMap) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The mapped ranges split into steps and the stage ranges inside them (the mapped frame, a
-    copy of most of the trace's ranges, is freed before the walk needs the memory)."""
+def _steps_and_stage_ranges(trace: Trace, stage_map: StageMap, drop: bool) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """The mapped ranges split into steps and the stage ranges inside them, and how many stage
+    ranges crossed a step's bounds (the mapped frame, a copy of most of the trace's ranges, is
+    freed before the walk needs the memory)."""
     mapped = _in_map(trace.flat_ranges, stage_map).with_columns(
         target=pl.col("name").replace_strict(stage_map.ranges, return_dtype=pl.String))
     steps = _steps(trace, stage_map, mapped)
-    return steps, _stage_ranges(mapped, steps)
+    stage_ranges, crossed = validate.stage_containment(trace.source, _stage_ranges(mapped, steps), steps, drop=drop,
+                                                       describe=stage_map.describe())
+    return steps, stage_ranges.select("stage", "name", "step_id", "pid", "tid", "start", "end"), crossed
 
 
 def _in_map(frame: pl.DataFrame, stage_map: StageMap) -> pl.DataFrame:
@@ -149,28 +154,23 @@ def _no_steps_message(trace: Trace, stage_map: StageMap) -> str:
 
 
 def _stage_ranges(mapped: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Stage ranges inside a step of their own thread (the step that starts last before them), in
-    (pid, tid, start) order: the as-of join needs each thread's rows in time order, no more, so one
-    sort serves both."""
+    """Stage ranges with the step of their own thread that starts last at or before them, and the
+    start of the next one (ddprof.validate keeps those inside the step), in (pid, tid, start)
+    order: the as-of joins need each thread's rows in time order, no more, so one sort serves all."""
     owners = steps.select("pid", "tid", "step_id", step_start="start", step_end="end")  # (pid, tid, start) order
+    following = steps.select("pid", "tid", next_start="start")
     return (mapped.filter(pl.col("target") != STEP).sort("pid", "tid", "start")
             .join_asof(owners, left_on="start", right_on="step_start", by=["pid", "tid"], strategy="backward",
                        check_sortedness=False)
-            .filter(pl.col("step_id").is_not_null() & (pl.col("end") <= pl.col("step_end")))
-            .select(stage="target", name="name", step_id="step_id", pid="pid", tid="tid", start="start", end="end"))
+            .join_asof(following, left_on="start", right_on="next_start", by=["pid", "tid"], strategy="forward",
+                       allow_exact_matches=False, check_sortedness=False)
+            .rename({"target": "stage"}))
 
 
 def _tokens(trace: Trace, stage_map: StageMap, steps: pl.DataFrame) -> tuple[int | None, pl.DataFrame]:
     """All token payloads, and each step's: the marks on its thread after it starts, before the next."""
     marks = _in_map_marks(trace.marks, stage_map)
-    missing = int(marks["payload"].is_null().sum())
-    if missing:
-        raise DdprofError(f"{trace.source}: {missing} {stage_map.tokens!r} marks in {stage_map.describe()} "
-                          "carry no integer payload; tokens cannot be counted")
-    negative = int((marks["payload"] < 0).sum())
-    if negative:
-        raise DdprofError(f"{trace.source}: {negative} {stage_map.tokens!r} marks in {stage_map.describe()} "
-                          f"carry a negative token count (lowest: {marks['payload'].min()}); tokens cannot be counted")
+    validate.token_counts(trace.source, marks["payload"], f"{stage_map.tokens!r} marks in {stage_map.describe()}")
     per_step = (marks.sort("time")
                 .join_asof(steps.select("pid", "tid", "step_id", step_start="start").sort("step_start"),
                            left_on="time", right_on="step_start", by=["pid", "tid"], strategy="backward",

@@ -36,6 +36,7 @@ from ddprof.errors import DdprofError
 from ddprof.export_db import ExportDb
 from ddprof.load import load
 from ddprof.nsys import Nsys, export_sqlite, find_nsys, profile
+from ddprof.process_group import deferred, handle_signals, run_owned
 from engine.stages import DOMAIN, STEP
 
 # The variables the profiled engine (and nsys itself) may see. Everything else in the caller's
@@ -94,9 +95,10 @@ def allowlisted_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def cuda_available() -> bool:
     """Whether the engine will run on a GPU here, which decides what nsys traces."""
-    import torch
+    with deferred():
+        import torch
 
-    return torch.cuda.is_available()
+        return torch.cuda.is_available()
 
 
 def serve_command(request: CaptureRequest, device: str, summary: Path, progress: Path) -> list[str]:
@@ -121,16 +123,28 @@ def capture(request: CaptureRequest, *, on_progress: ProgressCallback | None = N
     `on_progress(phase, done, total)` is called as each phase starts and (from a helper thread) as
     requests finish; `done` and `total` are None outside SERVING.
     """
+    out = _output_name(Path(request.out))
+    if not 0 < request.timeout_s < float("inf"):  # also refuses nan
+        raise DdprofError(f"--timeout must be a positive, finite number of seconds (got {request.timeout_s})")
     nsys = find_nsys()
-    out = Path(request.out)
-    if out.suffix in (".nsys-rep", ".sqlite", ".json"):  # `--out traces/x.nsys-rep` means traces/x
+    with handle_signals():
+        created = _make_output_folder(out.parent)
+        try:
+            return _capture_into(out, request, nsys, on_progress)
+        except BaseException:
+            _remove_empty(created)
+            raise
+
+
+def _output_name(out: Path) -> Path:
+    """The capture's name without extension (`--out traces/x.nsys-rep` means traces/x), refused
+    before anything runs when it cannot name a file (`--out ''`, `--out /`, an existing folder)."""
+    if out.suffix in (".nsys-rep", ".sqlite", ".json"):
         out = out.with_suffix("")
-    created = _make_output_folder(out.parent)
-    try:
-        return _capture_into(out, request, nsys, on_progress)
-    except BaseException:
-        _remove_empty(created)
-        raise
+    if not out.name or out.name in (".", "..") or out.is_dir():
+        raise DdprofError(f"{str(out) or repr('')}: --out must name the capture's files (e.g. traces/run writes "
+                          "traces/run.nsys-rep, .sqlite and .json), not a folder")
+    return out
 
 
 def _capture_into(out: Path, request: CaptureRequest, nsys: Nsys, on_progress: ProgressCallback | None) -> Capture:
@@ -185,13 +199,13 @@ def _remove_empty(folders: list[Path]) -> None:
 def _check_arguments(command: list[str], env: dict[str, str]) -> None:
     """Let the engine validate its arguments before nsys starts, so bad input fails fast and plainly."""
     try:
-        done = subprocess.run([*command, "--check"], env=env, capture_output=True, text=True, timeout=600)
+        returncode, _, stderr = run_owned([*command, "--check"], env=env, timeout_s=600)
     except subprocess.TimeoutExpired:
         raise DdprofError("engine serve --check did not answer within 600 s") from None
-    if done.returncode != 0:
-        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    if returncode != 0:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
         raise DdprofError(lines[-1].removeprefix("engine: error: ") if lines
-                          else f"engine serve --check failed (exit {done.returncode})")
+                          else f"engine serve --check failed (exit {returncode})")
 
 
 def _read_summary(path: Path) -> dict:
@@ -230,10 +244,11 @@ def _publish(report: Path, sqlite_path: Path, staged_json: Path, out: Path, meta
     """Move the staged files into place; the JSON goes last, so it exists only beside a full set."""
     final = Capture(report=out.with_name(out.name + ".nsys-rep"), sqlite=out.with_name(out.name + ".sqlite"),
                     json_path=out.with_name(out.name + ".json"), meta=meta)
-    final.json_path.unlink(missing_ok=True)
-    os.replace(report, final.report)
-    os.replace(sqlite_path, final.sqlite)
-    os.replace(staged_json, final.json_path)
+    with deferred():  # a signal now would leave part of the set in place
+        final.json_path.unlink(missing_ok=True)
+        os.replace(report, final.report)
+        os.replace(sqlite_path, final.sqlite)
+        os.replace(staged_json, final.json_path)
     return final
 
 

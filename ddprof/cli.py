@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
 from pathlib import Path
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from rich.console import Console
 from rich.table import Table
 
@@ -19,6 +21,7 @@ from ddprof import __version__, process_settings
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.errors import DdprofError
 from ddprof.gate import FIELDS_HELP
+from ddprof.process_group import Interrupted, handle_signals
 from ddprof.sweep_defaults import described
 from engine import serve_defaults
 
@@ -123,7 +126,8 @@ def capture(
 
 
 _STAGE_MAP_HELP = "JSON/TOML file mapping another engine's NVTX range names onto step and the six stages."
-_DROP_HELP = "Leave out unclosed and cross-thread step/stage ranges (counted in the output) instead of failing."
+_DROP_HELP = ("Leave out unclosed and cross-thread step/stage ranges, and stage ranges across a step's start or end "
+              "(counted in the output), instead of failing.")
 
 
 def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
@@ -374,12 +378,31 @@ def sweep(
 
 
 def main() -> None:
-    """Console-script entry: run the app, turning DdprofError into one line and exit code 2."""
+    """Console-script entry: run the app; every way it can fail is one line on stderr: bad input
+    and environment (DdprofError, an OS error on a file, a usage error) exit 2, SIGINT/SIGTERM
+    128 + the signal's number once everything started is stopped and removed."""
     process_settings.apply()
+    sys.stdout.reconfigure(errors="backslashreplace")  # a file name that is not UTF-8, printed
     try:
-        app()
+        with handle_signals():
+            code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help())
+        code = 2
+    except UsageError as exc:
+        command = f" {exc.ctx.command_path.removeprefix(exc.ctx.find_root().info_name).strip()}" if exc.ctx else ""
+        _fail(f"{exc.format_message()} (see: ddprof{command.rstrip()} --help)", 2)
     except DdprofError as exc:
-        print(f"ddprof: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # one line, whatever it quotes
-        process_settings.exit_now(2)
-    except SystemExit as done:
-        process_settings.exit_now(done.code)
+        _fail(str(exc), 2)
+    except OSError as exc:  # the one path for files the checks did not foresee (too long, a loop, ...)
+        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename is not None else str(exc), 2)
+    except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        _fail(f"interrupted by {signal.Signals(signum).name}; stopped what it started, removed partial files",
+              128 + signum)
+    process_settings.exit_now(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"ddprof: error: {' '.join(message.splitlines())}", file=sys.stderr)  # one line, whatever it quotes
+    process_settings.exit_now(code)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from ddprof.btree_scan import INT, NULLABLE_INT, PRESENCE, REAL, ROWID, TEXT, MappedFile, ScanError, scan_table
@@ -39,8 +41,12 @@ def resolve_export(path: Path) -> Path:
     into ddprof's cache when the report's folder is read-only (exported once, reused after).
     """
     path = Path(path)
-    if not path.exists():
-        raise DdprofError(f"{path}: no such file")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise DdprofError(f"{path}: no such file") from None
+    except OSError as exc:  # a name too long, a symlink loop, a folder on the way without search permission
+        raise DdprofError(f"{path}: {exc.strerror}") from None
     if not path.is_file():
         raise DdprofError(f"{path}: not a file")
     if not os.access(path, os.R_OK):
@@ -48,6 +54,8 @@ def resolve_export(path: Path) -> Path:
     if path.suffix == ".nsys-rep":
         sibling = path.with_suffix(".sqlite")
         if sibling.is_file():
+            if sibling.stat().st_size == 0:  # what an interrupted export wrote before exports were atomic
+                raise DdprofError(f"{sibling}: empty (an interrupted export?); delete it to export {path.name} again")
             behind = path.stat().st_mtime - sibling.stat().st_mtime
             if behind > STALE_EXPORT_S:  # an export is written after its report, seconds later at most
                 raise DdprofError(f"{sibling}: {behind:.0f} s older than {path.name}, so an export of an earlier "
@@ -99,6 +107,9 @@ def _check_sqlite_file(path: Path) -> None:
                           f"{path.name} 'PRAGMA wal_checkpoint') or export again")
 
 
+# What sqlite3 returns for each column type of a small query, and how SQLite names those types.
+_PYTHON_TYPES = {pl.Int64: (int,), pl.Float64: (float, int), pl.String: (str,)}
+_SQL_TYPES = {int: "an integer", float: "a real", str: "text", bytes: "a BLOB"}
 _DTYPES = {INT: pl.Int64, NULLABLE_INT: pl.Int64, PRESENCE: pl.Boolean, REAL: pl.Float64, TEXT: pl.String}
 
 
@@ -171,8 +182,10 @@ class ExportDb:
         order; the future's result is the frame.
 
         The table's B-tree pages are decoded by ddprof.btree_scan on a reader thread of its own, so
-        the big tables are read at once. Columns are Int64: NULL stays null in `nullable` columns
-        and reads as 0 in the others (which must never be NULL); `present` columns are Boolean,
+        the big tables are read at once. Columns are Int64: NULL stays null in `nullable` columns;
+        in the others (times, ids: nsys always writes them) a NULL, or the column missing, refuses
+        the file, never reads as 0 (a NULL start read as 0 made an op run for minutes); `present`
+        columns are Boolean,
         whether the value (of any type) is not NULL; `real` columns are Float64 and `text` columns
         String, both null where NULL. A column the table lacks is all null (False for `present`);
         an absent table is an empty frame.
@@ -185,15 +198,23 @@ class ExportDb:
             done.set_result(pl.DataFrame(schema=schema))
             return done
         root, layout = self._layout(table)
+        missing = [column for name, column in columns.items() if kinds[name] == INT and column not in layout]
+        if missing:
+            raise DdprofError(f"{self.path}: table {table} has no column {missing[0]}, which every nsys export's has: "
+                              "a damaged export")
         asked = {name: layout[column] for name, column in columns.items() if column in layout}
-        spec = [(index, kinds[name]) for name, index in asked.items()]
-        return self._readers.submit(self._scan, table, root, spec, list(asked), schema)
+        # Required integers are read with their presence, to be checked.
+        spec = [(index, NULLABLE_INT if kinds[name] == INT else kinds[name]) for name, index in asked.items()]
+        required = {name: columns[name] for name in asked if kinds[name] == INT}
+        return self._readers.submit(self._scan, table, root, spec, list(asked), schema, required)
 
     def _layout(self, table: str) -> tuple[int, dict[str, int]]:
         """The table's root page and each column's index in the stored record (ROWID for the rowid
         and an INTEGER PRIMARY KEY column, which is the rowid under another name)."""
         (root, sql), = self._fetch("SELECT rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ?",
                                    (table,))
+        if not isinstance(root, int) or not isinstance(sql, str):
+            raise DdprofError(f"{self.path}: unreadable SQLite export (the schema's entry for table {table} is damaged)")
         info = self._fetch(f'PRAGMA table_xinfo("{table}")')  # cid, name, type, notnull, default, pk, hidden
         # Rows written before an ALTER TABLE ADD COLUMN ... DEFAULT lack the column and mean its
         # default, which the page reader cannot know; nsys declares no defaults.
@@ -205,11 +226,16 @@ class ExportDb:
         return root, {"rowid": ROWID, **{row[1]: ROWID if row[1] == alias else row[0] for row in info}}
 
     def _scan(self, table: str, root: int, spec: list[tuple[int, str]], names: list[str],
-              schema: dict[str, pl.DataType]) -> pl.DataFrame:
+              schema: dict[str, pl.DataType], required: dict[str, str]) -> pl.DataFrame:
         try:
             scan = scan_table(self._pages, root, spec)
         except ScanError as exc:
             raise DdprofError(f"{self.path}: unreadable SQLite export (table {table}: {exc})") from None
+        for name, has in zip(names, scan.present):
+            if name in required and not has.all():
+                raise DdprofError(f"{self.path}: {table}.{required[name]} is NULL in {int((~has).sum()):,} rows "
+                                  f"(first: row {int(np.argmin(has)) + 1}), where nsys always writes a value: "
+                                  "a damaged export")
         texts = pl.Series(scan.texts, dtype=pl.String)
         read = {name: _column(name, kind, value, has, texts)
                 for name, (_, kind), value, has in zip(names, spec, scan.values, scan.present)}
@@ -220,17 +246,24 @@ class ExportDb:
                              for name, dtype in schema.items()])
 
     def frame(self, sql: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-        """Rows of a small query (text, reals) as a frame with exactly `schema`."""
-        return pl.DataFrame(self._fetch(sql), schema=schema, orient="row")
+        """Rows of a small query (text, reals) as a frame with exactly `schema`; a value of another
+        type (a BLOB where the export holds text) refuses the file in one line."""
+        rows = self._fetch(sql)
+        for index, (name, dtype) in enumerate(schema.items()):
+            expected = _PYTHON_TYPES[dtype]
+            wrong = next((row[index] for row in rows if row[index] is not None
+                          and not isinstance(row[index], expected)), None)
+            if wrong is not None:
+                table = re.search(r"FROM\s+(\w+)", sql, re.I)
+                where = f"{table.group(1)}.{name}" if table else name
+                raise DdprofError(f"{self.path}: {where} holds a {_SQL_TYPES.get(type(wrong), type(wrong).__name__)} "
+                                  f"where the export holds {_SQL_TYPES[expected[0]]}: a damaged export")
+        return pl.DataFrame(rows, schema=schema, orient="row")
 
     def _fetch(self, sql: str, params: tuple = ()) -> list[tuple]:
         """All rows of a query. A damaged file fails here, in the query or while rows are decoded
         (text that is not UTF-8), and every such failure names the file."""
         try:
             return self._db.execute(sql, params).fetchall()
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
-            raise DdprofError(f"{self.path}: unreadable SQLite export ({exc})") from None
-
-    def scalar(self, sql: str):
-        rows = self._fetch(sql)
-        return rows[0][0] if rows else None
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # may quote a damaged schema's SQL: one line
+            raise DdprofError(f"{self.path}: unreadable SQLite export ({' '.join(str(exc).split())[:200]})") from None

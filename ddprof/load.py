@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ddprof import validate
 from ddprof.errors import DdprofError
 from ddprof.export_db import ExportDb, resolve_export
 
@@ -102,12 +103,9 @@ def load(path: Path) -> Trace:
         runtime = _runtime_calls(calls.result(), strings)
         gpu_ops = _gpu_ops(*(op.result() for op in ops), runtime, strings)
         events = _nvtx_events(events.result())
+        validate.nvtx_threads(sqlite_path, events, (MARK, *RANGE_TYPES, DOMAIN_CREATE))
         ranges, marks, incomplete = _nvtx_frames(events, strings, duration)
-    reversed_ranges = ranges.filter(pl.col("end") < pl.col("start"))
-    if reversed_ranges.height:
-        first = reversed_ranges.row(0, named=True)
-        raise DdprofError(f"{sqlite_path}: {reversed_ranges.height} NVTX ranges end before they start (first: "
-                          f"{first['name']!r} on tid {first['tid']} at {first['start'] / 1e6:.3f} ms): a damaged export")
+    validate.trace_values(sqlite_path, ranges, incomplete, marks, gpu_ops, runtime)
     return Trace(sqlite_path, ranges, marks, incomplete, gpu_ops, runtime)
 
 
@@ -116,7 +114,7 @@ def _strings(db: ExportDb) -> pl.DataFrame:
     schema = {"string_id": pl.Int64, "value": pl.String}
     if "StringIds" not in db.tables:
         return pl.DataFrame(schema=schema)
-    return db.frame("SELECT id, value FROM StringIds", schema)
+    return validate.string_ids(db.path, db.frame("SELECT id, value FROM StringIds", schema))
 
 
 def _text_of(id_column: str, strings: pl.DataFrame) -> pl.Expr:
@@ -139,7 +137,8 @@ def _read_nvtx_events(db: ExportDb) -> Future[pl.DataFrame]:
     return db.table_frame("NVTX_EVENTS", {
         "start": "start", "end": "end", "event_type": "eventType", "text_id": "textId", "text": "text",
         "domain_id": "domainId", "global_tid": "globalTid", "end_global_tid": "endGlobalTid", **payloads, **floats},
-        nullable={"end", "text_id", "domain_id", "end_global_tid", *payloads}, real=set(floats), text={"text"})
+        nullable={"end", "text_id", "domain_id", "global_tid", "end_global_tid", *payloads}, real=set(floats),
+        text={"text"})
 
 
 def _nvtx_events(raw: pl.DataFrame) -> pl.DataFrame:
@@ -157,7 +156,7 @@ def _trace_duration(db: ExportDb) -> int | None:
     the trace's length there."""
     if "duration" not in db.columns("ANALYSIS_DETAILS"):
         return None
-    return db.scalar("SELECT max(duration) FROM ANALYSIS_DETAILS")
+    return db.frame("SELECT max(duration) FROM ANALYSIS_DETAILS", {"duration": pl.Int64}).item()
 
 
 def _nvtx_frames(events: pl.DataFrame, strings: pl.DataFrame,

@@ -19,8 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ddprof.analysis import stage_row
+from ddprof.dashboards.runs import INTERPRETED_NOTE, dropped_note, interpreted_gpu_builder, read_metadata
 from ddprof.graphs import NO_GRAPHS, NODE_MODE
-from ddprof.dashboards.runs import INTERPRETED_NOTE, interpreted_gpu_builder, read_metadata
 
 
 def progress_bar(*, counts: bool = False, plain: bool = False) -> Progress | PlainProgress:
@@ -119,10 +119,8 @@ def _pct(value) -> str:
 
 
 def _dropped_note(dropped: dict[str, int]) -> list[str]:
-    if not (dropped["unclosed"] or dropped["cross_thread"]):
-        return []
-    return [f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread step/stage ranges "
-            "(--drop-incomplete)"]
+    note = dropped_note(dropped)
+    return [note] if note else []
 
 
 def _per_step(count: int | None, steps: int) -> str:

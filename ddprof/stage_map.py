@@ -66,7 +66,7 @@ class StageMap:
             raise DdprofError(f"{path}: cannot read stage map ({getattr(exc, 'strerror', None) or exc})") from None
         try:
             data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text, object_pairs_hook=_unique_keys)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError, _DuplicateKey) as exc:
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, _DuplicateKey, RecursionError) as exc:
             kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
             raise DdprofError(f"{path}: stage map is not valid {kind} ({exc})") from None
         if not isinstance(data, dict):

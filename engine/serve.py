@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,10 +63,40 @@ def register(subcommands) -> None:
     parser.set_defaults(run=run)
 
 
+# A prompt token held in a request's list: the list's slot and an int object (beyond the small ints).
+_TOKEN_BYTES = 8 + sys.getsizeof(1 << 20)
+
+
+def _check_request_count(requests: int, workload: str) -> None:
+    """Requests are generated up front, each prompt a list of token ids: refuse a count whose
+    prompts alone would not fit in the memory available now (a billion requests never answered)."""
+    if workload not in WORKLOADS:
+        return  # `generate` names the workloads
+    longest = WORKLOADS[workload].prompt.hi
+    available = _available_memory()
+    limit = available // (longest * _TOKEN_BYTES)
+    if requests > limit:
+        raise EngineError(f"--requests {requests:,}: the {workload} workload's prompts (up to {longest} tokens each) "
+                          f"could need {requests * longest * _TOKEN_BYTES / 2**30:,.0f} GiB; this machine has "
+                          f"{available / 2**30:,.1f} GiB available, enough for at most {limit:,} requests")
+
+
+def _available_memory() -> int:
+    """Bytes of memory available without swapping (MemAvailable), or all of it where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     arguments.at_least_one(args, "concurrency", "budget", "requests", "max_new_tokens")
+    _check_request_count(args.requests, args.workload)
     arguments.cpu_threads(args.cpu_threads)
     arguments.temperature(args.temperature)
     arguments.output_file(args.summary, "--summary")

@@ -18,6 +18,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from ddprof.ab_results import ABResult
+from ddprof.atomic import atomic_path
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.distributions import distributions_figure
 from ddprof.dashboards.headline import bound_share, headline
@@ -77,7 +78,8 @@ def plotly_script(plotly_js: str, out: Path) -> str:
     if not copy.is_file() or copy.read_text(encoding="utf-8") != get_plotlyjs():
         try:
             copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_text(get_plotlyjs(), encoding="utf-8")
+            with atomic_path(copy) as partial:
+                partial.write_text(get_plotlyjs(), encoding="utf-8")
         except OSError as exc:
             raise DdprofError(f"{copy}: cannot write plotly.js there ({exc.strerror})") from None
     link = Path(os.path.relpath(copy.resolve(), Path(out).resolve().parent)).as_posix()
@@ -136,11 +138,10 @@ def write_dashboard(runs: Sequence[Run], out: Path, **options) -> Path:
     """Write the page to `out` (creating its folder); a reader never sees half a file."""
     out = Path(out)
     prepare_dashboard_path(out)
-    partial = out.with_name(f".{out.name}.partial")
+    page = render(runs, out=out, **options)
     try:
-        partial.write_text(render(runs, out=out, **options), encoding="utf-8")
-        os.replace(partial, out)
+        with atomic_path(out) as partial:
+            partial.write_text(page, encoding="utf-8", errors="backslashreplace")  # a non-UTF-8 file name
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise DdprofError(f"{out}: cannot write the dashboard ({exc.strerror})") from None
     return out

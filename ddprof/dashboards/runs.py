@@ -93,7 +93,7 @@ def read_metadata(trace: Path) -> dict | None:
         return None
     try:
         meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DdprofError(f"{path}: unreadable capture metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise DdprofError(f"{path}: capture metadata must be a JSON object, not {type(meta).__name__}")
@@ -151,6 +151,14 @@ def varying_settings(runs: Sequence[Run], leave_out: Sequence[str] = ()) -> list
     return [key for key in SETTINGS if key not in leave_out and len({run.setting(key) for run in known}) > 1]
 
 
+def dropped_note(dropped: dict[str, int]) -> str | None:
+    """What --drop-incomplete left out (ddprof.attribution's `dropped`), None when nothing."""
+    if not any(dropped.values()):
+        return None
+    return (f"left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} cross-thread step/stage ranges "
+            f"and {dropped['outside_step']} stage ranges across a step's start or end (--drop-incomplete)")
+
+
 def notes(runs: Sequence[Run]) -> list[str]:
     """What a reader must know to trust the page: unknown settings, interpreted kernels, dropped ranges."""
     found = []
@@ -161,10 +169,9 @@ def notes(runs: Sequence[Run]) -> list[str]:
         elif run.meta.get("trace_steps") not in (None, run.summary["steps"]):
             found.append(f"{run.label}: its metadata counts {run.meta['trace_steps']} steps but the trace holds "
                          f"{run.summary['steps']}; the JSON may belong to another capture")
-        dropped = run.summary["dropped_ranges"]
-        if dropped["unclosed"] or dropped["cross_thread"]:
-            found.append(f"{run.label}: left out {dropped['unclosed']} unclosed and {dropped['cross_thread']} "
-                         "cross-thread step/stage ranges (--drop-incomplete)")
+        left_out = dropped_note(run.summary["dropped_ranges"])
+        if left_out:
+            found.append(f"{run.label}: {left_out}")
     interpreted = [run.label for run in runs if run.interpreted_gpu_builder]
     if interpreted:
         found.append(f"{', '.join(interpreted)}: {INTERPRETED_NOTE}")

@@ -99,4 +99,4 @@ def test_ranges_left_open_at_exit_are_reported_not_dropped(tmp_path):
         attribute(load(sqlite_path))
     summary = breakdown(attribute(load(sqlite_path), drop_incomplete=True))
     assert summary["steps"] == record["steps"] == 2
-    assert summary["dropped_ranges"] == {"unclosed": 2, "cross_thread": 0}
+    assert summary["dropped_ranges"] == {"unclosed": 2, "cross_thread": 0, "outside_step": 0}

@@ -97,12 +97,13 @@ def test_domain_ids_are_resolved_per_process(tmp_path):
     assert export.declare_domain(DOMAIN, pid=1) == 1 and export.declare_domain("CCCL", pid=1) == 2
     assert export.declare_domain("CCCL", pid=2) == 1 and export.declare_domain(DOMAIN, pid=2) == 2
     export.range(STEP, 0, 100, pid=1)
+    export.range("verify", 0, 60, pid=1)
     export.range(STEP, 0, 50, pid=2)
     export.range(STEP, 100, 150, pid=2, domain="CCCL")  # domainId 1 in pid 2, the id ddtree has in pid 1
     export.range("draft", 10, 20, pid=2)
     attribution, summary = analyse(export, tmp_path)
     assert attribution.steps.select("pid", "start", "end").rows() == [(1, 0, 100), (2, 0, 50)]
-    assert totals(attribution, "crit_ns") == {**ZERO, "draft": 10, "other": 100 + 40}
+    assert totals(attribution, "crit_ns") == {**ZERO, "draft": 10, "verify": 60, "other": 40 + 40}
     assert summary["wall_s"] == pytest.approx(100e-9)
 
 
@@ -137,13 +138,41 @@ def test_stage_ranges_outside_steps_or_on_other_threads_are_not_stage_ranges(tmp
     export.range("draft", 10, 20)               # in prefill, before any step
     export.range(STEP, 100, 200)
     export.range("verify", 120, 160, tid=2)     # another thread, during the step
-    export.range("accept", 180, 220)            # straddles the step's end
+    export.range("accept", 210, 220)            # after the step
     export.range("sampling", 150, 170)
     export.kernel(300, 310, launch=(15, 16))    # launched in the prefill's draft range
     attribution, summary = analyse(export, tmp_path)
     assert totals(attribution, "count") == {**ZERO, "sampling": 1}
     assert totals(attribution, "crit_ns") == {**ZERO, "sampling": 20, "other": 80}
-    assert summary["steps"] == 1
+    assert summary["steps"] == 1 and summary["dropped_ranges"]["outside_step"] == 0
+
+
+def _crossing_export() -> Export:
+    export = Export()
+    export.range(STEP, 100, 200)
+    export.range("sampling", 150, 170)
+    export.range("accept", 180, 220)            # runs past the step's end
+    export.range("draft", 90, 110)              # starts before it
+    return export
+
+
+def test_stage_ranges_across_a_steps_bounds_are_refused_or_counted_when_dropped(tmp_path):
+    with pytest.raises(DdprofError, match=r"run.sqlite: 2 stage ranges in NVTX domain 'ddtree' start before their "
+                                          r"step or run past its end \(first: 'draft' .*--drop-incomplete"):
+        analyse(_crossing_export(), tmp_path)
+    attribution, summary = analyse(_crossing_export(), tmp_path, drop_incomplete=True)
+    assert summary["dropped_ranges"] == {"unclosed": 0, "cross_thread": 0, "outside_step": 2}
+    assert totals(attribution, "count") == {**ZERO, "sampling": 1}
+
+
+def test_a_step_without_a_stage_range_is_refused(tmp_path):
+    export = Export()
+    export.range(STEP, 0, 100)
+    export.range("verify", 10, 90)
+    export.range(STEP, 100, 200)  # holds nothing
+    with pytest.raises(DdprofError, match=r"run.sqlite: 1 of 2 steps hold no stage range of NVTX domain 'ddtree' "
+                                          r"\(first on tid 1 at 0.000 ms\)"):
+        analyse(export, tmp_path)
 
 
 def test_host_wait_is_time_inside_synchronising_calls(tmp_path):
@@ -249,7 +278,7 @@ def test_unclosed_and_cross_thread_ranges_are_an_error_that_counts_them(tmp_path
 
 def test_dropping_incomplete_ranges_counts_what_was_left_out(tmp_path):
     attribution, summary = analyse(_incomplete_export(), tmp_path, drop_incomplete=True)
-    assert summary["dropped_ranges"] == {"unclosed": 2, "cross_thread": 1}
+    assert summary["dropped_ranges"] == {"unclosed": 2, "cross_thread": 1, "outside_step": 0}
     assert summary["steps"] == 1
     assert totals(attribution, "crit_ns") == {**ZERO, "other": 100}
 

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,12 +26,28 @@ def ddprof(*args, env=None):
     (["--workload", "chat", "--concurrency", "0"], "ddprof: error: --concurrency must be at least 1 (got 0)"),
     (["--workload", "chat", "--builder", "fpga"], "ddprof: error: unknown tree builder 'fpga'; choose cpu or gpu"),
     (["--workload", "long-context", "--model", "tiny"], "ddprof: error: the longest request of workload long-context needs"),
+    (["--workload", "chat", "--requests", "1000000000"], "ddprof: error: --requests 1,000,000,000: the chat workload's "
+                                                         "prompts (up to 512 tokens each) could need"),
+    (["--workload", "chat", "--timeout", "nan"], "ddprof: error: --timeout must be a positive, finite number"),
+    (["--workload", "chat", "--timeout", "inf"], "ddprof: error: --timeout must be a positive, finite number"),
+    (["--workload", "chat", "--concurrency", "many"], "ddprof: error: Invalid value for '--concurrency': "),
+    (["--workload", "chat", "--no-such-option"], "ddprof: error: No such option: --no-such-option"),
 ])
 def test_bad_arguments_are_one_line_errors_and_leave_no_files(tmp_path, args, message):
     done = ddprof("capture", *args, "--out", str(tmp_path / "new" / "folders" / "run"))
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith(message)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # usage errors too: no usage text
+    assert done.stderr.startswith(message)
     assert "Traceback" not in done.stderr + done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["", "/", "."])
+def test_an_output_that_names_no_file_is_refused_before_anything_runs(tmp_path, out):
+    done = subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", "capture", "--workload", "chat",
+                           "--out", out], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--out must name the capture's files" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
 

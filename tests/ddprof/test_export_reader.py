@@ -39,14 +39,25 @@ def test_nulls_stay_null_only_in_nullable_columns_and_absent_tables_are_empty(tm
     path = tmp_path / "t.sqlite"
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b INTEGER, s TEXT)")
-        db.executemany("INSERT INTO t (a, b, s) VALUES (?, ?, ?)", [(None, None, None)] * 70_000 + [(7, 8, "x")])
+        db.executemany("INSERT INTO t (a, b, s) VALUES (?, ?, ?)", [(6, None, None)] * 70_000 + [(7, 8, "x")])
     with ExportDb(path) as export:
         frame = export.table_frame("t", {"id": "id", "a": "a", "b": "b", "c": "no_such_column", "has_s": "s"},
-                                   nullable={"b"}, present={"has_s"}).result()
+                                   nullable={"b", "c"}, present={"has_s"}).result()
         absent = export.table_frame("missing", {"x": "x"}).result()
     assert frame.schema == {"id": pl.Int64, "a": pl.Int64, "b": pl.Int64, "c": pl.Int64, "has_s": pl.Boolean}
-    assert frame.row(0) == (1, 0, None, None, False) and frame.row(-1) == (70_001, 7, 8, None, True)
+    assert frame.row(0) == (1, 6, None, None, False) and frame.row(-1) == (70_001, 7, 8, None, True)
     assert absent.height == 0 and absent.schema == {"x": pl.Int64}
+
+
+def test_a_null_in_a_column_nsys_always_fills_is_refused_never_read_as_0(tmp_path):
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (a INTEGER, b INTEGER)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(1, 2)] * 5 + [(None, 2)] + [(1, 2)] * 5)
+    with ExportDb(path) as export, pytest.raises(DdprofError, match=r"t.sqlite: t.a is NULL in 1 rows \(first: row 6\)"):
+        export.table_frame("t", {"x": "a", "y": "b"}).result()
+    with ExportDb(path) as export, pytest.raises(DdprofError, match=r"t.sqlite: table t has no column z"):
+        export.table_frame("t", {"x": "a", "y": "z"})
 
 
 def test_damaged_table_pages_are_a_one_line_error_naming_the_file(tmp_path):

@@ -165,7 +165,7 @@ def test_matches_brute_force_on_random_exports(seed, tmp_path):
 
     rng = np.random.default_rng(seed)
     path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
-    trace, attribution, _ = analyse(path)
+    trace, attribution, _ = analyse(path, drop_incomplete=True)  # stage ranges across a step's bounds
     if trace.runtime.height == 0:
         pytest.skip("this draw made no CUDA calls")
     min_ns = int(rng.integers(1, 6))
