@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     for module in (generate, serve, tokenizer, train_target, train_drafter):  # each registers its parser and `run`
         module.register(subcommands)
     args = parser.parse_args(argv)
-    args.command_line = "python -m engine " + shlex.join(sys.argv[1:] if argv is None else argv)  # for run records
+    args.argv = sys.argv[1:] if argv is None else argv  # what `--ranks N` runs again, once per rank
+    args.command_line = "python -m engine " + shlex.join(args.argv)  # for run records
     try:
         return args.run(args)
     except EngineError as error:
