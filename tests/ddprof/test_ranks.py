@@ -1,0 +1,105 @@
+"""Several ranks as one run (ddprof.ranks), with known answers: a report holding two processes and
+a set of per-rank reports, in both export schemas; CPU (nested moe_all_reduce ranges) and CUDA
+(NCCL kernels) communication."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddprof.errors import DdprofError
+from ddprof.ranks import analyse_ranks, processes
+from engine.stages import STAGES
+from tests.ddprof.exports import (RANK_ALL_REDUCE_NS, RANK_PIDS, RANK_SLOW, RANK_STAGE_NS, Export,
+                                  ranks_example)
+
+ROOT = Path(__file__).resolve().parents[2]
+VERIFY = STAGES.index("verify")
+BASE_STEP = sum(RANK_STAGE_NS)
+
+
+def one_report(tmp_path, schema, cuda=False, name="run.sqlite"):
+    export = Export(schema)
+    for rank in (0, 1):
+        ranks_example(export, rank, cuda=cuda)
+    return [export.write(tmp_path / name)]
+
+
+def per_rank_reports(tmp_path, schema, cuda=False):
+    return [ranks_example(Export(schema), rank, cuda=cuda).write(tmp_path / f"run.rank{rank}.sqlite")
+            for rank in (1, 0)]  # given out of order: the rank marks order them
+
+
+LAYOUTS = {"one report": one_report, "per-rank reports": per_rank_reports}
+
+
+@pytest.mark.parametrize("schema", ["2022.4", "2025.3"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cuda", [False, True])
+def test_known_answers(tmp_path, schema, layout, cuda):
+    ranked = analyse_ranks(processes(LAYOUTS[layout](tmp_path, schema, cuda)))
+    s = ranked.summary
+    assert [r["rank"] for r in s["ranks"]] == [0, 1]
+    assert [r["pid"] for r in s["ranks"]] == list(RANK_PIDS)
+    assert s["matched_steps"] == 3 and s["step_counts"] == [3, 3]
+    # Step i's critical path is its slowest rank's: rank 1 in steps 0 and 1, rank 0 in step 2.
+    assert ranked.slowest.tolist() == [1, 1, 0]
+    crit = s["critical_path"]
+    assert crit["steps"] == 3 and crit["tokens"] == 12
+    assert crit["step_ms"]["total"] * 1e6 == pytest.approx(3 * BASE_STEP + 50 + 70 + 30)
+    verify = crit["stages"][VERIFY]
+    assert verify["crit_ms"] * 1e6 == pytest.approx(3 * RANK_STAGE_NS[VERIFY] + 50 + 70 + 30)
+    # Communication: each rank's own, and on the critical path the slowest rank's of each step.
+    assert verify["comm_ms"] * 1e6 == pytest.approx(2 * RANK_ALL_REDUCE_NS[1] + RANK_ALL_REDUCE_NS[0])
+    assert all(row["comm_ms"] == 0 for row in crit["stages"] if row["stage"] != "verify")
+    for rank, row in enumerate(s["ranks"]):
+        assert row["stages"][VERIFY]["comm_ms"] * 1e6 == pytest.approx(3 * RANK_ALL_REDUCE_NS[rank])
+        extra = sum(ns for (r, _), ns in RANK_SLOW.items() if r == rank)
+        assert row["stages"][VERIFY]["crit_ms"] * 1e6 == pytest.approx(3 * RANK_STAGE_NS[VERIFY] + extra)
+    assert s["communication"] == ("GPU time of NCCL kernels" if cuda else "host time of moe_all_reduce ranges")
+    stragglers = {row["rank"]: row for row in s["stragglers"]}
+    assert stragglers[1]["slowest_steps"] == 2 and stragglers[0]["slowest_steps"] == 1
+    assert stragglers[1]["behind_ms_total"] * 1e6 == pytest.approx(50 + 70)
+    assert stragglers[1]["behind_ms_mean"] * 1e6 == pytest.approx(60)
+    assert stragglers[0]["behind_ms_mean"] * 1e6 == pytest.approx(30)
+
+
+def test_steps_match_by_index_when_a_rank_has_more(tmp_path):
+    export = Export()
+    ranks_example(export, 0, steps=3)
+    ranks_example(export, 1, steps=2)
+    s = analyse_ranks(processes([export.write(tmp_path / "run.sqlite")])).summary
+    assert s["step_counts"] == [3, 2] and s["matched_steps"] == 2 and s["critical_path"]["steps"] == 2
+
+
+def test_one_rank_twice_is_refused(tmp_path):
+    paths = [ranks_example(Export(), 0).write(tmp_path / f"copy{i}.sqlite") for i in (0, 1)]
+    with pytest.raises(DdprofError, match="rank 0 appears in 2 processes"):
+        processes(paths)
+
+
+def ddprof(*args):
+    return subprocess.run([sys.executable, "-c", "from ddprof.cli import main; main()", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_breakdown_cli_takes_a_glob_of_per_rank_reports_and_one_report(tmp_path):
+    per_rank_reports(tmp_path, "2022.4")
+    single = one_report(tmp_path, "2022.4", name="both.sqlite")[0]
+    outputs = []
+    for args in ([tmp_path / "run.rank*.sqlite"], [tmp_path / "run.rank0.sqlite", tmp_path / "run.rank1.sqlite"],
+                 [single]):
+        done = ddprof("breakdown", *args, "--json")
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+    for out in outputs:
+        assert out["matched_steps"] == 3 and [r["slowest_steps"] for r in out["stragglers"]] == [1, 2]
+    table = ddprof("breakdown", single)
+    assert table.returncode == 0, table.stderr
+    for words in ("rank 0", "rank 1", "comm ms", "straggler", "critical path"):
+        assert words in table.stdout, words
+    missing = ddprof("breakdown", tmp_path / "nothing*.sqlite")
+    assert missing.returncode == 2 and "no file matches this pattern" in missing.stderr
