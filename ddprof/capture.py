@@ -72,6 +72,7 @@ class CaptureRequest:
     max_new_tokens: int | None = None
     seed: int | None = None
     batch_invariant: bool | None = None
+    ranks: int | None = None  # expert-parallel processes: one report holds every rank's process
     timeout_s: float = 1800
 
 
@@ -104,7 +105,8 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
                "--concurrency", str(request.concurrency), "--device", device]
     for flag, value in (("--model", request.model), ("--builder", request.builder),
                         ("--budget", request.budget), ("--requests", request.requests),
-                        ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed)):
+                        ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed),
+                        ("--ranks", request.ranks)):
         if value is not None:
             command += [flag, str(value)]
     if request.batch_invariant is not None:

@@ -85,6 +85,8 @@ def capture(
                                                   f"(default: {serve_defaults.DEFAULT_MAX_NEW_TOKENS})."),
     seed: int = typer.Option(None, help=f"Workload seed (default: {serve_defaults.DEFAULT_SEED})."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
+    ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
+                                         "the report holds every rank's process (default: 1)."),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
@@ -97,7 +99,7 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_invariant=batch_invariant, timeout_s=timeout)
+                             batch_invariant=batch_invariant, ranks=ranks, timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
         task = progress.add_task("capture: checking the arguments", total=None)
@@ -107,7 +109,8 @@ def capture(
                                                    str(result.json_path)]}))
         return
     table = Table(show_header=False)
-    for key in ("model", "weights", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
+    for key in ("model", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
+                "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)
