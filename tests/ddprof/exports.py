@@ -265,10 +265,11 @@ RANK_ALL_REDUCE_NS = (40, 60)
 RANK_PIDS = (11, 10)  # rank 0's pid is the larger: ranks come from the rank marks, not pid order
 
 
-def ranks_example(export: Export, rank: int, *, steps: int = 3, cuda: bool = False) -> Export:
+def ranks_example(export: Export, rank: int, *, steps: int = 3, cuda: bool = False,
+                  slow: dict[tuple[int, int], int] = RANK_SLOW) -> Export:
     """Rank `rank` of a 2-rank expert-parallel run in `export` (one process per rank; the same
     Export twice gives one report holding both), with known stage times, stragglers and
-    communication: on the CPU as nested moe_all_reduce ranges, with `cuda` as an NCCL kernel that
+    communication (`slow`: extra verify ns by (rank, step)): on the CPU as nested moe_all_reduce ranges, with `cuda` as an NCCL kernel that
     verify launches (and a compute kernel that is not communication)."""
     from engine.stages import MOE_ALL_REDUCE, RANK_MARK, STAGES
 
@@ -280,7 +281,7 @@ def ranks_example(export: Export, rank: int, *, steps: int = 3, cuda: bool = Fal
     for step in range(steps):
         at = start
         for name, ns in zip(STAGES, RANK_STAGE_NS):
-            ns += RANK_SLOW.get((rank, step), 0) if name == "verify" else 0
+            ns += slow.get((rank, step), 0) if name == "verify" else 0
             export.range(name, at, at + ns, pid=pid, tid=tid)
             if name == "verify":
                 if cuda:

@@ -103,3 +103,18 @@ def test_breakdown_cli_takes_a_glob_of_per_rank_reports_and_one_report(tmp_path)
         assert words in table.stdout, words
     missing = ddprof("breakdown", tmp_path / "nothing*.sqlite")
     assert missing.returncode == 2 and "no file matches this pattern" in missing.stderr
+
+
+def test_compare_reads_each_run_as_its_critical_path(tmp_path):
+    """A (one report of both ranks) against B (a glob of per-rank reports of the same steps, rank 1's
+    verify 100 ns slower in every step): B's critical path is rank 1's in every step."""
+    a = one_report(tmp_path, "2022.4")[0]
+    slower = {key: ns + 100 if key[0] == 1 else ns for key, ns in RANK_SLOW.items()} | {(1, 2): 100}
+    for rank in (0, 1):
+        ranks_example(Export(), rank, slow=slower).write(tmp_path / f"b.rank{rank}.sqlite")
+    done = ddprof("compare", a, tmp_path / "b.rank*.sqlite", "--json")
+    assert done.returncode == 0, done.stderr
+    verify = next(row for row in json.loads(done.stdout)["stages"] if row["stage"] == "verify")
+    # A's verify per step: (300 + 50, 300 + 70, 300 + 30); B's: rank 1's (350, 370, 400) after the 100 ns.
+    assert verify["a_crit_ms_per_step"] * 1e6 == pytest.approx((350 + 370 + 330) / 3)
+    assert verify["b_crit_ms_per_step"] * 1e6 == pytest.approx((450 + 470 + 400) / 3)
