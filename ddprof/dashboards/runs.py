@@ -18,7 +18,8 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.pipeline import analyse
+from ddprof.pipeline import analyse_trace
+from ddprof.ranks import processes
 from ddprof.stage_map import StageMap
 from ddprof.wall import prefills
 
@@ -44,6 +45,7 @@ class Run:
     summary: dict
     prefills: pl.DataFrame  # the engine's prefill ranges (pid, tid, start, end): where time between steps goes
     label: str = ""
+    rank: int | None = None  # which rank of a report holding several (ddprof.ranks); None: the only process
 
     def setting(self, key: str):
         return self.meta.get(key) if self.meta else None
@@ -121,8 +123,12 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
     runs = []
     for path in map(Path, paths):
         meta = read_metadata(path)
-        trace, attribution, summary = analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
-        runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map)))
+        found = processes([path], stage_map, advance)  # a report of several ranks: one run per rank
+        for process in found:
+            trace, attribution, summary = analyse_trace(process.trace, stage_map, drop_incomplete=drop_incomplete,
+                                                        advance=advance)
+            runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map),
+                            rank=process.rank if len(found) > 1 else None))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 
@@ -136,6 +142,7 @@ def labelled(runs: Sequence[Run]) -> list[Run]:
             continue
         parts = [f"{_SHORT.get(key, key)}={run.setting(key)}" for key in varying]
         labels.append(" · ".join([run.builder, *parts]))
+    labels = [label if run.rank is None else f"{label} · rank {run.rank}" for run, label in zip(runs, labels)]
     # Where labels repeat, the file's name tells the runs apart; where even that repeats (same-named
     # files in different folders), its folder does.
     for tell_apart in (lambda run: run.source.stem, lambda run: str(run.source.parent)):
@@ -158,7 +165,7 @@ def notes(runs: Sequence[Run]) -> list[str]:
         if run.meta is None:
             found.append(f"{run.label}: no {metadata_path(run.source).name} beside the trace; builder, "
                          "concurrency, budget, model and workload are unknown (labelled by file name)")
-        elif run.meta.get("trace_steps") not in (None, run.summary["steps"]):
+        elif run.meta.get("trace_steps") not in (None, run.summary["steps"] * (run.setting("ranks") or 1)):
             found.append(f"{run.label}: its metadata counts {run.meta['trace_steps']} steps but the trace holds "
                          f"{run.summary['steps']}; the JSON may belong to another capture")
         dropped = run.summary["dropped_ranges"]

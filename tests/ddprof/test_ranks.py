@@ -118,3 +118,12 @@ def test_compare_reads_each_run_as_its_critical_path(tmp_path):
     # A's verify per step: (300 + 50, 300 + 70, 300 + 30); B's: rank 1's (350, 370, 400) after the 100 ns.
     assert verify["a_crit_ms_per_step"] * 1e6 == pytest.approx((350 + 370 + 330) / 3)
     assert verify["b_crit_ms_per_step"] * 1e6 == pytest.approx((450 + 470 + 400) / 3)
+
+
+def test_dashboard_shows_each_rank_of_a_report_as_a_run(tmp_path):
+    report = one_report(tmp_path, "2025.3")[0]
+    done = ddprof("dashboard", report, "--out", tmp_path / "ranks.html", "--plotly", "cdn", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    labels = [run["label"] for run in out["runs"]]
+    assert labels == ["run · rank 0", "run · rank 1"], out
