@@ -37,6 +37,7 @@ def launch(argv: list[str], ranks: int, timeout_s: float) -> int:
                 for rank in range(ranks)]
     first_failure: tuple[int, int] | None = None  # (rank, exit code)
     deadline = None
+    hung: list[int] = []  # ranks still running long after another failed: killed here
     try:
         while any(child.poll() is None for child in children):
             if first_failure is None:
@@ -44,8 +45,9 @@ def launch(argv: list[str], ranks: int, timeout_s: float) -> int:
                 if first_failure is not None:
                     deadline = time.monotonic() + timeout_s + GRACE_S
             if deadline is not None and time.monotonic() > deadline:
-                for child in children:
+                for rank, child in enumerate(children):
                     if child.poll() is None:
+                        hung.append(rank)
                         child.kill()
             time.sleep(_POLL_S)
     finally:
@@ -57,6 +59,9 @@ def launch(argv: list[str], ranks: int, timeout_s: float) -> int:
     first_failure = first_failure or _first_failure(codes)
     if first_failure is None:
         return 0
+    if hung:  # the others gave up on it in a collective; it neither answered nor exited
+        raise EngineError(f"rank {hung[0]} of {ranks} stopped answering: the other ranks timed out waiting for it "
+                          f"and it did not exit, so it was killed ({_others(codes, hung[0])})")
     rank, code = first_failure
     raise EngineError(f"rank {rank} of {ranks} {_exit(code)}; the other ranks stopped ({_others(codes, rank)})")
 
