@@ -130,11 +130,20 @@ def _one_process(trace: Trace, pid: int) -> Trace:
 def analyse_ranks(found: Sequence[Process], stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
                   advance: Callable[[str], None] = lambda label: None) -> Ranked:
     """Each rank through the single-process pipeline, then the ranks side by side."""
-    runs = []
-    for process in found:
-        trace, attribution, summary = analyse_trace(process.trace, stage_map, drop_incomplete=drop_incomplete,
-                                                    advance=lambda label, r=process.rank: advance(f"rank {r}: {label}"))
-        runs.append(RankRun(process, attribution, summary, communication_ns(trace, attribution)))
+    return side_by_side([analyse_rank(process, stage_map, drop_incomplete=drop_incomplete, advance=advance)[1]
+                         for process in found], stage_map)
+
+
+def analyse_rank(process: Process, stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
+                 advance: Callable[[str], None] = lambda label: None) -> tuple[Trace, RankRun]:
+    """One rank's process through ddprof.pipeline, plus its communication per (step, stage)."""
+    trace, attribution, summary = analyse_trace(process.trace, stage_map, drop_incomplete=drop_incomplete,
+                                                advance=lambda label: advance(f"rank {process.rank}: {label}"))
+    return trace, RankRun(process, attribution, summary, communication_ns(trace, attribution))
+
+
+def side_by_side(runs: Sequence[RankRun], stage_map: StageMap | None = None) -> Ranked:
+    """The ranks' steps matched by index: the critical path, the stragglers, the per-rank rows."""
     counts = [run.attribution.steps.height for run in runs]
     matched = min(counts)
     durations = np.stack([_durations(run.attribution)[:matched] for run in runs])  # [ranks, steps]
@@ -155,7 +164,7 @@ def analyse_ranks(found: Sequence[Process], stage_map: StageMap | None = None, *
         "critical_path": critical_summary,
         "stragglers": _stragglers(runs, durations, slowest),
     }
-    return Ranked(runs, slowest, critical, summary)
+    return Ranked(list(runs), slowest, critical, summary)
 
 
 def _durations(attribution: Attribution) -> np.ndarray:

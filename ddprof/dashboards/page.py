@@ -21,6 +21,7 @@ from ddprof.ab_results import ABResult
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.distributions import distributions_figure
 from ddprof.dashboards.headline import bound_share, headline
+from ddprof.dashboards.ranks_section import ranks_section
 from ddprof.dashboards.runs import UNKNOWN, Run, notes
 from ddprof.dashboards.step_share import step_share_figure
 from ddprof.dashboards.throughput import throughput_figure
@@ -100,7 +101,7 @@ def render(runs: Sequence[Run], *, evidence: Sequence[ABResult] = (), window_ste
             f"{plotly_script(plotly_js, out)}</head><body>"
             f"<h1>{html.escape(title)}</h1>"
             f'<p class="headline" id="headline">{html.escape(headline(runs, evidence))}</p>'
-            f"{notes_html}{_runs_table(runs)}{sections}</body></html>\n")
+            f"{notes_html}{_runs_table(runs)}{ranks_section(runs)}{sections}</body></html>\n")
 
 
 def default_path(traces: Sequence[Path]) -> Path:

@@ -18,8 +18,7 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.pipeline import analyse_trace
-from ddprof.ranks import processes
+from ddprof.ranks import Ranked, analyse_rank, processes, side_by_side
 from ddprof.stage_map import StageMap
 from ddprof.wall import prefills
 
@@ -46,6 +45,7 @@ class Run:
     prefills: pl.DataFrame  # the engine's prefill ranges (pid, tid, start, end): where time between steps goes
     label: str = ""
     rank: int | None = None  # which rank of a report holding several (ddprof.ranks); None: the only process
+    ranked: Ranked | None = None  # that report's ranks side by side (shared by its runs)
 
     def setting(self, key: str):
         return self.meta.get(key) if self.meta else None
@@ -124,11 +124,12 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
     for path in map(Path, paths):
         meta = read_metadata(path)
         found = processes([path], stage_map, advance)  # a report of several ranks: one run per rank
-        for process in found:
-            trace, attribution, summary = analyse_trace(process.trace, stage_map, drop_incomplete=drop_incomplete,
-                                                        advance=advance)
-            runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map),
-                            rank=process.rank if len(found) > 1 else None))
+        analysed = [analyse_rank(process, stage_map, drop_incomplete=drop_incomplete, advance=advance)
+                    for process in found]
+        ranked = side_by_side([rank_run for _, rank_run in analysed], stage_map) if len(found) > 1 else None
+        runs += [Run(path, meta, rank_run.attribution, rank_run.summary, prefills(trace, stage_map),
+                     rank=rank_run.process.rank if ranked else None, ranked=ranked)
+                 for trace, rank_run in analysed]
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 

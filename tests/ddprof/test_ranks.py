@@ -127,3 +127,7 @@ def test_dashboard_shows_each_rank_of_a_report_as_a_run(tmp_path):
     out = json.loads(done.stdout)
     labels = [run["label"] for run in out["runs"]]
     assert labels == ["run · rank 0", "run · rank 1"], out
+    page = (tmp_path / "ranks.html").read_text()
+    assert 'id="ranks-critical-path-0"' in page and "3 steps matched by index" in page
+    stragglers = page[page.index('id="ranks-stragglers-0"'):]
+    assert "<td>rank 1</td><td>2</td><td>66.7%</td><td>6e-05</td>" in stragglers  # 60 ns behind, in ms
