@@ -68,7 +68,7 @@ class ExpertParallel:
         with self.nvtx.range(MOE_ALL_REDUCE):
             try:
                 dist.all_reduce(tensor)
-            except (RuntimeError, dist.DistBackendError) as error:
+            except RuntimeError as error:  # torch.distributed's errors (DistBackendError, ...) are RuntimeErrors
                 raise EngineError(f"rank {self.shard.rank}: the MoE all-reduce with the other "
                                   f"{self.shard.world - 1} ranks failed (a rank stopped or did not answer within "
                                   f"{self.timeout_s:g} s): {str(error).splitlines()[0]}") from None
@@ -101,7 +101,7 @@ def from_environment(device: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Exper
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         try:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-        except (RuntimeError, ValueError, dist.DistError) as error:
+        except (RuntimeError, ValueError) as error:
             raise EngineError(f"rank {rank}: cannot join the {world} ranks at {os.environ.get('MASTER_ADDR')}:"
                               f"{os.environ.get('MASTER_PORT')} ({str(error).splitlines()[0]})") from None
     return ExpertParallel(shard, timeout_s)

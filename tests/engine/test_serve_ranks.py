@@ -71,3 +71,15 @@ def test_a_rank_that_dies_or_hangs_mid_run_stops_the_others(tmp_path, stop, blam
     assert any(line.startswith("engine: error: rank 0: the MoE all-reduce with the other 1 ranks failed")
                for line in lines), stderr
     assert lines[-1].startswith(f"engine: error: {blamed}"), stderr
+
+
+def test_a_rank_whose_peers_never_join_gives_up_within_its_timeout():
+    from engine.ranks import free_port
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    started = time.monotonic()
+    done = subprocess.run([*SERVE, "--requests", "2", "--rank-timeout", "3"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - started < 60
+    assert done.stderr.startswith("engine: error: rank 0: cannot join the 2 ranks at 127.0.0.1:")
+    assert done.stderr.count("\n") == 1
