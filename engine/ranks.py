@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.errors import EngineError
 
@@ -22,18 +23,30 @@ GRACE_S = 10.0  # past the collective timeout, before a rank that has not stoppe
 _POLL_S = 0.05
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@contextmanager
+def rendezvous(ranks: int) -> Iterator[dict[str, str]]:
+    """The group's store, hosted here for as long as the ranks run, as torchrun's agent hosts it:
+    the environment that makes every rank its client. Bound to a port the system picks and held
+    open, so no other process can take the port between choosing it and the ranks' start."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, ranks, is_master=True, wait_for_workers=False)
+    try:
+        yield {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(ranks),
+               "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    finally:
+        del store
 
 
 def launch(argv: list[str], ranks: int, timeout_s: float) -> int:
     """Run `python -m engine ARGV` as `ranks` processes; 0 when every rank succeeded."""
-    port = str(free_port())
+    with rendezvous(ranks) as group:
+        return _run(argv, ranks, timeout_s, group)
+
+
+def _run(argv: list[str], ranks: int, timeout_s: float, group: dict[str, str]) -> int:
     children = [subprocess.Popen([sys.executable, "-m", "engine", *argv],
-                                 env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                                      "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+                                 env={**os.environ, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)})
                 for rank in range(ranks)]
     first_failure: tuple[int, int] | None = None  # (rank, exit code)
     deadline = None

@@ -60,18 +60,16 @@ def test_one_report_per_rank_as_torchrun_would_start_them(tmp_path):
 
     from ddprof.capture import allowlisted_env
     from ddprof.nsys import export_sqlite, profile
-    from engine.ranks import free_port
+    from engine.ranks import rendezvous
 
-    port = str(free_port())
     command = [sys.executable, "-m", "engine", "serve", "--workload", "chat", "--concurrency", "2", "--model", "tiny",
                "--requests", "2", "--max-new-tokens", "10", "--device", "cpu"]
 
     def rank(r):
-        env = {**allowlisted_env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "PYTHONPATH": str(ROOT)}
+        env = {**allowlisted_env(), **group, "RANK": str(r), "PYTHONPATH": str(ROOT)}
         return export_sqlite(profile(command, tmp_path / f"run.rank{r}", env=env, timeout_s=300))
 
-    with ThreadPoolExecutor(2) as pool:
+    with rendezvous(2) as group, ThreadPoolExecutor(2) as pool:
         reports = list(pool.map(rank, (0, 1)))
     found = processes(list(reversed(reports)))
     assert [p.rank for p in found] == [0, 1] and [p.source for p in found] == reports

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from engine.ranks import free_port
+from engine.ranks import rendezvous
 
 TIMEOUT_S = 60.0
 
 
-def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(rank: int, group: dict[str, str], out: str, fn, args) -> None:
+    os.environ.update(group, RANK=str(rank))
     from engine.expert_parallel import from_environment
 
     parallel = from_environment("cpu", TIMEOUT_S)
@@ -27,7 +27,8 @@ def _rank_main(rank: int, world: int, port: int, out: str, fn, args) -> None:
 
 def run_ranks(world: int, fn, *args, folder: Path) -> list:
     """fn(parallel, *args) on each of `world` ranks; the results in rank order."""
-    mp.spawn(_rank_main, args=(world, free_port(), str(folder), fn, args), nprocs=world, join=True)
+    with rendezvous(world) as group:
+        mp.spawn(_rank_main, args=(group, str(folder), fn, args), nprocs=world, join=True)
     return [pickle.loads(Path(folder, f"{rank}.pkl").read_bytes()) for rank in range(world)]
 
 
