@@ -3,12 +3,16 @@ expert-parallel tests' harness (torch.multiprocessing needs the rank function im
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
+from engine.config import preset
+from engine.model import MoE, init_random, materialize
 from engine.ranks import rendezvous
 
 TIMEOUT_S = 60.0
@@ -34,8 +38,6 @@ def run_ranks(world: int, fn, *args, folder: Path) -> list:
 
 def decode_prompts(parallel, model: str, prompts: list[list[int]], max_new: int, budget: int) -> dict:
     """Greedy AR and DDTree tokens of the prompts, batched, on this rank's part of the model."""
-    import torch
-
     from engine.generate import generate, load_models
 
     torch.set_num_threads(1)
@@ -45,3 +47,21 @@ def decode_prompts(parallel, model: str, prompts: list[list[int]], max_new: int,
             **{mode: [r.tokens for r in generate(target, drafter, prompts, mode=mode, budget=budget,
                                                  max_new_tokens=max_new, nvtx=False)]
                for mode in ("ar", "ddtree")}}
+
+
+def moe_layer(parallel=None, seed=3):
+    """A tiny-preset MoE layer with seeded weights: the whole layer, or one rank's part of the same."""
+    config = dataclasses.replace(preset("tiny").model, torch_dtype="float32")
+    with torch.device("meta"):
+        moe = MoE(config, parallel)
+    materialize(moe, "cpu")
+    with torch.device("meta"):
+        whole = MoE(config)
+    init_random(moe, seed, std=0.1, whole=whole)
+    return moe.eval().requires_grad_(False)
+
+
+def moe_outputs(parallel, x):
+    """This rank's layer on x at once and token by token (each through the ranks' all-reduce)."""
+    moe = moe_layer(parallel)
+    return moe(x), torch.cat([moe(x[i:i + 1]) for i in range(x.shape[0])])

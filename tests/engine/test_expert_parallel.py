@@ -2,18 +2,16 @@
 DDTree equals AR at every rank count with the same tokens on every rank, and the MoE's sum over
 ranks is exact (so equal to the 1-rank layer's bits, and batch-invariant like it)."""
 
-import dataclasses
-
 import pytest
 import torch
 
 from engine.config import preset
 from engine.errors import EngineError
 from engine.expert_parallel import ExpertParallel, ExpertShard
-from engine.model import MoE, init_random, materialize
+from engine.model import MoE
 from engine.tokenizer import load_tokenizer
 from engine.trained import load_target
-from tests.engine.expert_parallel_ranks import decode_prompts, run_ranks
+from tests.engine.expert_parallel_ranks import decode_prompts, moe_layer, moe_outputs, run_ranks
 
 TOK = load_tokenizer()
 PROMPTS = ["Hello", "def f(x):\n    return x * 2\n", "The quick brown fox jumps over the lazy dog."]
@@ -46,17 +44,6 @@ def test_ddtree_equals_ar_on_every_rank(world, one_rank, tmp_path):
         assert result["ar"] == results[0]["ar"]  # the same tokens on every rank
         # The sum over ranks adds exact zeros, so the tokens are the 1-rank model's too.
         assert result["ar"] == one_rank["ar"]
-
-
-def moe_layer(parallel=None, seed=3):
-    config = dataclasses.replace(preset("tiny").model, torch_dtype="float32")
-    with torch.device("meta"):
-        moe = MoE(config, parallel)
-    materialize(moe, "cpu")
-    with torch.device("meta"):
-        whole = MoE(config)
-    init_random(moe, seed, std=0.1, whole=whole)
-    return moe.eval().requires_grad_(False)
 
 
 def shard(rank, world):
@@ -106,3 +93,14 @@ def test_checkpoint_load_reads_only_the_ranks_experts():
 def test_rank_counts_the_experts_cannot_split_into(world, problem):
     with pytest.raises(EngineError, match=problem):
         ExpertShard(0, world).experts(N_EXPERTS)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_all_reduced_layer_is_the_whole_layers_bits_alone_or_in_a_batch(world, tmp_path):
+    """Real gloo ranks: each token's output, computed alone and inside a batch of 37, is bit for
+    bit the 1-rank layer's, on every rank."""
+    whole = moe_layer()
+    x = torch.randn(37, whole.gate.weight.shape[1], generator=torch.Generator().manual_seed(5))
+    want = whole(x)
+    for batch, alone in run_ranks(world, moe_outputs, x, folder=tmp_path):
+        assert torch.equal(batch, want) and torch.equal(alone, want)

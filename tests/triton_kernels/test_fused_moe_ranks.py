@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tests.engine.test_expert_parallel import moe_layer, shard
+from tests.engine.expert_parallel_ranks import moe_layer
+from tests.engine.test_expert_parallel import shard
 from triton_kernels.fused_moe import combine_pairs, routed_pairs
 
 
