@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def default_path(traces: Sequence[Path]) -> Path:
     traces = [Path(t) for t in traces]
     folders = {t.resolve().parent for t in traces}
     if len(traces) == 1:
-        name = traces[0].stem
+        name = re.sub(r"[][*?]", "", traces[0].stem)  # a glob of per-rank reports: `run.rank*` -> run.rank
     elif len(folders) == 1:
         name = folders.pop().name
     else:

@@ -122,14 +122,16 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
         raise DdprofError(f"{twice}: given more than once (each trace is one run on the page)")
     runs = []
     for path in map(Path, paths):
-        meta = read_metadata(path)
-        found = processes([path], stage_map, advance)  # a report of several ranks: one run per rank
+        # A report of several ranks, or a quoted glob of per-rank reports: one run per rank.
+        found = processes([path], stage_map, advance)
         analysed = [analyse_rank(process, stage_map, drop_incomplete=drop_incomplete, advance=advance)
                     for process in found]
         ranked = side_by_side([rank_run for _, rank_run in analysed], stage_map) if len(found) > 1 else None
-        runs += [Run(path, meta, rank_run.attribution, rank_run.summary, prefills(trace, stage_map),
-                     rank=rank_run.process.rank if ranked else None, ranked=ranked)
-                 for trace, rank_run in analysed]
+        for trace, rank_run in analysed:
+            source = path if path.exists() else rank_run.process.source  # a glob: each rank's own report
+            runs.append(Run(source, read_metadata(source), rank_run.attribution, rank_run.summary,
+                            prefills(trace, stage_map), rank=rank_run.process.rank if ranked else None,
+                            ranked=ranked))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 

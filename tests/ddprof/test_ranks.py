@@ -131,3 +131,13 @@ def test_dashboard_shows_each_rank_of_a_report_as_a_run(tmp_path):
     assert 'id="ranks-critical-path-0"' in page and "3 steps matched by index" in page
     stragglers = page[page.index('id="ranks-stragglers-0"'):]
     assert "<td>rank 1</td><td>2</td><td>66.7%</td><td>6e-05</td>" in stragglers  # 60 ns behind, in ms
+
+
+def test_dashboard_of_a_glob_of_per_rank_reports(tmp_path):
+    per_rank_reports(tmp_path, "2022.4")
+    done = ddprof("dashboard", tmp_path / "run.rank*.sqlite", "--out", tmp_path / "ranks.html", "--plotly", "cdn",
+                  "--json")
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)["runs"]
+    assert [run["label"] for run in runs] == ["run.rank0 · rank 0", "run.rank1 · rank 1"]
+    assert 'id="ranks-stragglers-0"' in (tmp_path / "ranks.html").read_text()
