@@ -74,6 +74,7 @@ class CaptureRequest:
     seed: int | None = None
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
+    ranks: int | None = None  # expert-parallel processes: one report holds every rank's process
     timeout_s: float = 1800
 
 
@@ -107,7 +108,8 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
                "--concurrency", str(request.concurrency), "--device", device]
     for flag, value in (("--model", request.model), ("--builder", request.builder),
                         ("--budget", request.budget), ("--requests", request.requests),
-                        ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed)):
+                        ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed),
+                        ("--ranks", request.ranks)):
         if value is not None:
             command += [flag, str(value)]
     if request.batch_invariant is not None:

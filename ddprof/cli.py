@@ -91,6 +91,8 @@ def capture(
     seed: int = typer.Option(None, help=f"Workload seed (default: {serve_defaults.DEFAULT_SEED})."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP),
+    ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
+                                         "the report holds every rank's process (default: 1)."),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
@@ -103,7 +105,8 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, timeout_s=timeout)
+                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, ranks=ranks,
+                             timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
         task = progress.add_task("capture: checking the arguments", total=None)
@@ -113,7 +116,8 @@ def capture(
                                                    str(result.json_path)]}))
         return
     table = Table(show_header=False)
-    for key in ("model", "weights", "workload", "concurrency", "builder", "budget", "seed", "requests", "generated_tokens",
+    for key in ("model", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
+                "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)
@@ -131,31 +135,62 @@ _DROP_HELP = ("Leave out unclosed and cross-thread step/stage ranges, and stage 
 
 
 def _analyse(path: Path, stage_map_file: Path | None, drop_incomplete: bool, advance):
-    """ddprof.pipeline.analyse with the stage map read from --stage-map (default: the engine's)."""
-    from ddprof.pipeline import analyse
+    """(attribution, summary) of one run: a single process through ddprof.pipeline, or the ranks of
+    a report holding several processes (or a glob of per-rank reports) as their critical path."""
+    from ddprof.pipeline import analyse_trace
+    from ddprof.ranks import analyse_ranks, processes
+
+    stage_map = _stage_map(stage_map_file)
+    found = processes([path], stage_map, advance)
+    if len(found) == 1:
+        return analyse_trace(found[0].trace, stage_map, drop_incomplete=drop_incomplete, advance=advance)[1:]
+    ranked = analyse_ranks(found, stage_map, drop_incomplete=drop_incomplete, advance=advance)
+    return ranked.critical, ranked.summary["critical_path"]
+
+
+def _stage_map(stage_map_file: Path | None):
     from ddprof.stage_map import StageMap
 
-    stage_map = StageMap.from_file(stage_map_file) if stage_map_file else StageMap.default()
-    return analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
+    return StageMap.from_file(stage_map_file) if stage_map_file else StageMap.default()
+
+
+_RANKS_HELP = ("A .sqlite export or a .nsys-rep report; several (or a quoted glob, 'traces/run.rank*.sqlite'), or "
+               "one holding several processes: the ranks of one run, side by side.")
 
 
 @app.command()
 def breakdown(
-    path: Path = typer.Argument(..., readable=False, help="A .sqlite export or a .nsys-rep report."),
+    paths: list[Path] = typer.Argument(..., readable=False, metavar="PATH...", help=_RANKS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     parquet: Path = typer.Option(None, "--parquet", readable=False, help="Also write the frames as DIR/*.parquet."),
     stage_map: Path = typer.Option(None, "--stage-map", readable=False, help=_STAGE_MAP_HELP),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
 ) -> None:
-    """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time."""
+    """Which decode stage bounds tokens/s: per-stage host, GPU and critical-path time (per rank,
+    the critical path over the ranks and the stragglers, for several ranks)."""
     from ddprof.analysis import breakdown_frames, require_parquet_folder, write_parquet
-    from ddprof.pipeline import PHASES
+    from ddprof.pipeline import PHASES, analyse_trace
+    from ddprof.ranks import analyse_ranks, processes
+    from ddprof.ranks_report import ranks_view
     from ddprof.report import breakdown_view, phases
 
     if parquet:
         require_parquet_folder(parquet)
+    mapping = _stage_map(stage_map)
     with phases(PHASES + 1 if parquet else PHASES) as advance:
-        trace, attribution, summary = _analyse(path, stage_map, drop_incomplete, advance)
+        found = processes(paths, mapping, advance)
+        if len(found) > 1:
+            if parquet:
+                raise DdprofError(f"{found[0].source}: --parquet writes one process's frames; these reports hold "
+                                  f"{len(found)} ranks (give one rank's report)")
+            summary = analyse_ranks(found, mapping, drop_incomplete=drop_incomplete, advance=advance).summary
+            if as_json:
+                print(json.dumps(summary))
+            else:
+                console.print(ranks_view(summary))
+            return
+        trace, attribution, summary = analyse_trace(found[0].trace, mapping, drop_incomplete=drop_incomplete,
+                                                    advance=advance)
         if parquet:
             advance(f"writing {parquet}")
             write_parquet(breakdown_frames(trace, attribution, summary), parquet)
@@ -167,30 +202,42 @@ def breakdown(
 
 @app.command()
 def gaps(
-    path: Path = typer.Argument(..., readable=False, help="A .sqlite export or a .nsys-rep report with CUDA traced."),
+    paths: list[Path] = typer.Argument(..., readable=False, metavar="PATH...",
+                                       help=_RANKS_HELP + " CUDA must have been traced."),
     min_ms: float = typer.Option(1.0, "--min-ms", help="Shortest gap that is counted and listed (ms)."),
     top: int = typer.Option(10, "--top", help="How many of the longest gaps to list."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     stage_map: Path = typer.Option(None, "--stage-map", readable=False, help=_STAGE_MAP_HELP),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete", help=_DROP_HELP),
 ) -> None:
-    """Host time outside CUDA calls per stage, and the longest gaps with the call and kernel after each."""
+    """Host time outside CUDA calls per stage, and the longest gaps with the call and kernel after each
+    (per rank, for several ranks)."""
     from ddprof.gaps import host_gaps
-    from ddprof.pipeline import PHASES
+    from ddprof.pipeline import PHASES, analyse_trace
+    from ddprof.ranks import processes
+    from ddprof.ranks_report import ranks_gaps_view
     from ddprof.report import gaps_view, phases
 
     if not min_ms >= 0:
         raise DdprofError(f"--min-ms must be 0 or more (got {min_ms})")
     if top < 1:
         raise DdprofError(f"--top must be 1 or more (got {top})")
+    mapping = _stage_map(stage_map)
     with phases(PHASES + 1) as advance:
-        trace, attribution, _ = _analyse(path, stage_map, drop_incomplete, advance)
-        advance("finding host gaps")
-        result = host_gaps(trace, attribution, min_ms=min_ms, top=top)
+        found = processes(paths, mapping, advance)
+        results = []
+        for process in found:
+            trace, attribution, _ = analyse_trace(process.trace, mapping, drop_incomplete=drop_incomplete,
+                                                  advance=advance)
+            advance("finding host gaps")
+            results.append({"rank": process.rank, **host_gaps(trace, attribution, min_ms=min_ms, top=top)})
+    result = results[0] if len(results) == 1 else {"ranks": results}
+    if len(results) == 1:
+        del result["rank"]
     if as_json:
         print(json.dumps(result))
     else:
-        console.print(gaps_view(result))
+        console.print(gaps_view(result) if len(results) == 1 else ranks_gaps_view(result))
 
 
 _FAIL_IF_HELP = ("A regression rule, 'FIELD < N%' or 'FIELD > N%' (repeatable): B regresses when the whole "
@@ -200,8 +247,10 @@ _FAIL_IF_HELP = ("A regression rule, 'FIELD < N%' or 'FIELD > N%' (repeatable): 
 
 @app.command()
 def compare(
-    a: Path = typer.Argument(..., readable=False, help="Run A (the baseline): .sqlite or .nsys-rep."),
-    b: Path = typer.Argument(..., readable=False, help="Run B: .sqlite or .nsys-rep."),
+    a: Path = typer.Argument(..., readable=False, help="Run A (the baseline): .sqlite or .nsys-rep; a report of "
+                                                       "several ranks, or a quoted glob of per-rank reports, is "
+                                                       "compared by its critical path over the ranks."),
+    b: Path = typer.Argument(..., readable=False, help="Run B: as A."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     stage_map: Path = typer.Option(None, "--stage-map", readable=False,
                                    help=_STAGE_MAP_HELP + " Applies to both runs."),
@@ -230,8 +279,8 @@ def compare(
     if Path(a).resolve() == Path(b).resolve() and stage_map_b in (None, stage_map):
         raise DdprofError(f"{a}: A and B are the same trace with the same stage map; there is nothing to compare")
     with phases(2 * PHASES + 1) as advance:
-        _, run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
-        _, run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
+        run_a, summary_a = _analyse(a, stage_map, drop_incomplete, advance)
+        run_b, summary_b = _analyse(b, stage_map_b or stage_map, drop_incomplete, advance)
         advance("bootstrapping")
         result = compare_runs(run_a, run_b, summary_a, summary_b, resamples=resamples, seed=seed, fail_if=rules)
     if as_json:

@@ -21,7 +21,13 @@ def analyse(path: Path, stage_map: StageMap | None = None, *, drop_incomplete: b
     """(trace, attribution, breakdown summary) of one `.sqlite` export or `.nsys-rep` report."""
     path = Path(path)
     advance(f"loading {path.name}")
-    trace = load(path)
+    return analyse_trace(load(path), stage_map, drop_incomplete=drop_incomplete, advance=advance)
+
+
+def analyse_trace(trace: Trace, stage_map: StageMap | None = None, *, drop_incomplete: bool = False,
+                  advance: Callable[[str], None] = lambda label: None) -> tuple[Trace, Attribution, dict]:
+    """`analyse` of a trace already loaded (or one process of it: ddprof.ranks)."""
+    path = trace.source
     advance(f"attributing {path.name}")
     attribution = attribute(trace, stage_map, drop_incomplete=drop_incomplete)
     require_stage_ranges(attribution, stage_map)

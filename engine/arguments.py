@@ -105,3 +105,17 @@ def dtype(name: str | None):
     import torch
 
     return None if name is None else getattr(torch, name)
+
+
+def ranks(value: int | None, timeout_s: float) -> int:
+    """The expert-parallel rank count: --ranks, else torchrun's WORLD_SIZE, else 1; the two must agree."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise EngineError(f"--rank-timeout must be a finite positive number of seconds (got {timeout_s})")
+    launched = os.environ.get("WORLD_SIZE")
+    if launched is None:
+        return value or 1
+    if not launched.isdigit() or int(launched) < 1:
+        raise EngineError(f"WORLD_SIZE {launched!r} must be a whole number >= 1 (torchrun's variable)")
+    if value is not None and value != int(launched):
+        raise EngineError(f"--ranks {value} but WORLD_SIZE is {launched} (started by torchrun or --ranks): they must agree")
+    return int(launched)

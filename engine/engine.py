@@ -92,6 +92,8 @@ class Engine:
             raise EngineError(f"the model is on {model.device}, not on the engine's device {self.device}")
         self.model, self.mode, self.budget, self.temperature = model, mode, budget, temperature
         self.nvtx = Nvtx(nvtx)
+        if model.parallel is not None:  # its all-reduce ranges nest in this engine's stages, switched with them
+            model.parallel.nvtx = self.nvtx
         self.cache = LatentKVCache(model.config.num_hidden_layers, n_slots, max_len, model.config.latent_dim,
                                    dtype=model.dtype, device=self.device, scratch_slots=int(static_shapes))
         if mode == "ddtree":

@@ -23,6 +23,7 @@ from engine.config import PRESETS, default_drafter, preset
 from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult, rows_per_slot
 from engine.errors import EngineError
+from engine.expert_parallel import ExpertParallel
 from engine.model import TargetModel, build_target, set_batch_invariant
 from engine.tokenizer import load_tokenizer
 from engine.trained import drafter_path as drafter_path_of
@@ -32,9 +33,11 @@ from engine.weights import from_pretrained, special_tokens
 
 def load_models(model: str, *, seed: int, device: str, weights: str | None = None,
                 drafter_path: str | None = None, random_weights: bool = False,
-                dtype: torch.dtype | None = None) -> tuple[TargetModel, Drafter]:
+                dtype: torch.dtype | None = None, parallel: ExpertParallel | None = None
+                ) -> tuple[TargetModel, Drafter]:
     """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter,
-    computing in `dtype` (default: the preset's, or the checkpoint's own).
+    computing in `dtype` (default: the preset's, or the checkpoint's own); under expert parallelism
+    (`parallel`) the target holds this rank's routed experts.
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
     target_there, drafter_there = has_target(model), drafter_path_of(model).is_file()
     if not weights and not random_weights and target_there != drafter_there:  # half a pair: not random weights
@@ -43,14 +46,14 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                           "restore it (git checkout engine/assets) or retrain it (python -m engine train-target, "
                           "train-drafter)")
     if not weights and not random_weights and has_pair(model):
-        target = load_target(model, device=device, dtype=dtype)
+        target = load_target(model, device=device, dtype=dtype, parallel=parallel)
         return target, (_matching_drafter(drafter_path, target) if drafter_path else load_drafter(model, target))
     if weights:
-        target = from_pretrained(weights, device=device, dtype=dtype)
+        target = from_pretrained(weights, device=device, dtype=dtype, parallel=parallel)
         drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
     else:
         chosen = preset(model)
-        target = build_target(chosen.model, seed=seed, device=device, dtype=dtype)
+        target = build_target(chosen.model, seed=seed, device=device, dtype=dtype, parallel=parallel)
         drafter_config = chosen.drafter
     if drafter_path:
         return target, _matching_drafter(drafter_path, target)

@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.attention import tree_attention
 from engine.config import ModelConfig
+from engine.expert_parallel import ExpertParallel
 
 # --- Numerics that do not depend on batch composition -------------------------------------------
 
@@ -345,18 +346,35 @@ class Router(nn.Module):
         return weights * c.routed_scaling_factor, experts
 
 
+class Experts(nn.ModuleDict):
+    """The routed experts this process holds, by their index in the layer: all of them, or one
+    rank's slice under expert parallelism; `experts[e]` is expert e, and the checkpoint names
+    (`mlp.experts.<e>.up_proj.weight`) are the layer's own either way."""
+
+    def __init__(self, hidden: int, intermediate: int, ids: range):
+        super().__init__({str(e): MLP(hidden, intermediate) for e in ids})
+        self.ids = ids
+
+    def __getitem__(self, e: int) -> MLP:
+        return super().__getitem__(str(e))
+
+
 class MoE(nn.Module):
     """Routed experts plus shared experts. On CUDA the routed experts run fused
     (triton_kernels/fused_moe.py: two grouped GEMMs, no wait for the GPU); elsewhere, and as the
-    reference, `per_expert` runs each expert on its rows."""
+    reference, `per_expert` runs each expert on its rows. Under expert parallelism (`parallel`,
+    engine/expert_parallel.py) the layer holds one rank's experts, computes the pairs routed to
+    them and sums every pair's output over the ranks before the combine."""
 
     fused_on_cuda = True  # benchmarks/moe_dispatch_ab.py turns it off for its baseline
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ExpertParallel | None = None):
         super().__init__()
         c = config
         self.gate = Router(c)
-        self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.n_routed_experts))
+        ids = parallel.shard.experts(c.n_routed_experts) if parallel else range(c.n_routed_experts)
+        self.experts = Experts(c.hidden_size, c.moe_intermediate_size, ids)
+        self.parallel = parallel
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
         self.w13: torch.Tensor | None = None  # [E, 2I, H] gate+up, once `stack_experts` made them
         self.w2: torch.Tensor | None = None   # [E, H, I] down
@@ -366,13 +384,13 @@ class MoE(nn.Module):
         fused kernels read (copying the values they hold, unless they are still on meta). The
         per-expert parameters (and so the checkpoint names) stay, as views: loading a checkpoint
         fills the stacks, and memory is not doubled (K2: 34 GB per layer)."""
-        first = self.experts[0]
-        inter, hidden = first.gate_proj.weight.shape
-        dtype = first.gate_proj.weight.dtype
-        self.w13 = torch.empty(len(self.experts), 2 * inter, hidden, dtype=dtype, device=device)
-        self.w2 = torch.empty(len(self.experts), hidden, inter, dtype=dtype, device=device)
-        holds_values = not first.gate_proj.weight.is_meta  # a model already holding weights (moved to the GPU)
-        for e, expert in enumerate(self.experts):
+        held = list(self.experts.values())
+        inter, hidden = held[0].gate_proj.weight.shape
+        dtype = held[0].gate_proj.weight.dtype
+        self.w13 = torch.empty(len(held), 2 * inter, hidden, dtype=dtype, device=device)
+        self.w2 = torch.empty(len(held), hidden, inter, dtype=dtype, device=device)
+        holds_values = not held[0].gate_proj.weight.is_meta  # a model already holding weights (moved to the GPU)
+        for e, expert in enumerate(held):
             if holds_values:
                 self.w13[e].copy_(torch.cat([expert.gate_proj.weight, expert.up_proj.weight]))
                 self.w2[e].copy_(expert.down_proj.weight)
@@ -383,9 +401,9 @@ class MoE(nn.Module):
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13, w2), refused unless the experts' parameters are still views of them (a `.to()` of
         the model would copy each parameter on its own and leave the stacks stale)."""
-        last = self.experts[-1]
+        first, last = self.experts[self.experts.ids[0]], self.experts[self.experts.ids[-1]]
         if (self.w13 is None or self.w2 is None
-                or self.experts[0].gate_proj.weight.data_ptr() != self.w13.data_ptr()
+                or first.gate_proj.weight.data_ptr() != self.w13.data_ptr()
                 or last.down_proj.weight.data_ptr() != self.w2[-1].data_ptr()):
             raise RuntimeError("MoE: the experts' weights are not views of their stacks; allocate the model "
                                "on the GPU with engine.model.allocate_target (or call stack_experts)")
@@ -396,28 +414,38 @@ class MoE(nn.Module):
         weights, experts = self.gate(flat)
         shared = self.shared_experts(flat)
         if flat.is_cuda and self.fused_on_cuda:
-            from triton_kernels.fused_moe import fused_moe
-            out = fused_moe(flat, weights, experts, *self.stacked(), shared)
+            from triton_kernels.fused_moe import combine_pairs, routed_pairs
+            pairs = routed_pairs(flat, weights, experts - self.experts.ids[0], *self.stacked())
+            out = combine_pairs(self.summed_over_ranks(pairs), shared)
         else:
             out = self.per_expert(flat, weights, experts, shared)
         return out.reshape(x.shape)
 
     def per_expert(self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, shared: torch.Tensor
                    ) -> torch.Tensor:
-        """Each expert runs once on all the (token, choice) pairs routed to it: pairs sorted by
-        expert, so each expert's rows are one slice. Reading the slice sizes is the layer's one wait
-        for the GPU (a mask and a nonzero per expert waited once per expert in use: 250 waits per
-        k2-layer verify step, benchmarks/results/gpu_captures_h200*.json). Counted with scatter_add:
-        on CUDA, bincount waits twice more itself (it reads the min and max back to size its output)."""
-        pairs = experts.flatten()
+        """Each held expert runs once on all the (token, choice) pairs routed to it: pairs sorted by
+        expert, so each expert's rows are one slice (other ranks' pairs sort last and stay zero).
+        Reading the slice sizes is the layer's one wait for the GPU (a mask and a nonzero per expert
+        waited once per expert in use: 250 waits per k2-layer verify step,
+        benchmarks/results/gpu_captures_h200*.json). Counted with scatter_add: on CUDA, bincount
+        waits twice more itself (it reads the min and max back to size its output)."""
+        ids = self.experts.ids
+        local = experts.flatten() - ids[0]
+        pairs = torch.where((local >= 0) & (local < len(ids)), local, len(ids))  # len(ids): another rank's
         order = pairs.argsort(stable=True)
-        sizes = pairs.new_zeros(len(self.experts)).scatter_add_(0, pairs, torch.ones_like(pairs)).tolist()
-        grouped = flat[order // experts.shape[1]]
-        outs = [self.experts[e](rows) for e, rows in enumerate(grouped.split(sizes)) if sizes[e]]
-        expert_out = torch.empty_like(grouped)
-        if outs:  # none for an empty batch
-            expert_out[order] = torch.cat(outs)
-        return self.combine(weights, expert_out.view(*experts.shape, flat.shape[-1]), shared)
+        sizes = pairs.new_zeros(len(ids) + 1).scatter_add_(0, pairs, torch.ones_like(pairs)).tolist()[:-1]
+        held = order[:sum(sizes)]
+        grouped = flat[held // experts.shape[1]]
+        outs = [self.experts[ids[e]](rows) for e, rows in enumerate(grouped.split(sizes)) if sizes[e]]
+        expert_out = flat.new_zeros(pairs.shape[0], flat.shape[-1])
+        if outs:  # none for an empty batch, or when no pair chose this rank's experts
+            expert_out[held] = torch.cat(outs)
+        expert_out = self.summed_over_ranks(expert_out.view(*experts.shape, flat.shape[-1]))
+        return self.combine(weights, expert_out, shared)
+
+    def summed_over_ranks(self, pairs: torch.Tensor) -> torch.Tensor:
+        """Every pair's output from the rank holding its expert (exact: the other ranks add zeros)."""
+        return pairs if self.parallel is None else self.parallel.all_reduce(pairs)
 
     @staticmethod
     def combine(weights: torch.Tensor, expert_out: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
@@ -433,12 +461,12 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary, parallel: ExpertParallel | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = MLA(config, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MoE(config) if config.is_moe_layer(layer) else MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = MoE(config, parallel) if config.is_moe_layer(layer) else MLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
         """`attend(self_attn, normed x)` is the absorbed (decode/verify) or decompressed (prefill) attention."""
@@ -449,23 +477,24 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """The checkpoint's `model.` prefix: embeddings, decoder layers, final norm."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ExpertParallel | None = None):
         super().__init__()
         self.rotary = Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling,
                              config.max_position_embeddings, interleaved=config.rope_interleave)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i, self.rotary, parallel) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class TargetModel(nn.Module):
     """The verified model. Besides logits it returns the hidden states of `feature_layers`
-    (concatenated): the context features the DFlash drafter is conditioned on."""
+    (concatenated): the context features the DFlash drafter is conditioned on. Under expert
+    parallelism (`parallel`) it holds one rank's routed experts of each MoE layer."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ExpertParallel | None = None):
         super().__init__()
-        self.config = config
-        self.model = Backbone(config)
+        self.config, self.parallel = config, parallel
+        self.model = Backbone(config, parallel)
         # Tied (tie_word_embeddings): the output head is the embedding itself, no lm_head tensor.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
                                                                          bias=False)
@@ -551,11 +580,16 @@ class TargetModel(nn.Module):
         return self.logits(x[-1:])[0], features
 
 
-def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
-    """Seeded random weights (norms at 1, router biases small), identical on every run."""
+def init_random(module: nn.Module, seed: int, std: float = 0.02, *, whole: nn.Module | None = None) -> None:
+    """Seeded random weights (norms at 1, router biases small), identical on every run. `whole`
+    (on meta) is the model `module` is one rank's part of: the tensors only other ranks hold are
+    drawn and dropped, so every rank's part holds the 1-rank model's values."""
     generator = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    held = dict(module.named_parameters()) | dict(module.named_buffers())
+    every = (dict((whole or module).named_parameters()) | dict((whole or module).named_buffers())).items()
     with torch.no_grad():
-        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        for name, tensor in every:
+            tensor = held[name] if name in held else torch.empty_like(tensor, device=generator.device)
             if name.endswith("norm.weight"):
                 tensor.fill_(1.0)
             elif name.endswith("e_score_correction_bias"):
@@ -564,14 +598,19 @@ def init_random(module: nn.Module, seed: int, std: float = 0.02) -> None:
                 tensor.normal_(0.0, std, generator=generator)
 
 
+def _meta_target(config: ModelConfig, dtype: torch.dtype | None, parallel: ExpertParallel | None) -> TargetModel:
+    with torch.device("meta"):
+        return TargetModel(config, parallel).cast(dtype or getattr(torch, config.torch_dtype))
+
+
 def allocate_target(config: ModelConfig, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype | None = None, stacked: bool | None = None) -> TargetModel:
+                    dtype: torch.dtype | None = None, parallel: ExpertParallel | None = None,
+                    stacked: bool | None = None) -> TargetModel:
     """A target with uninitialised weights, allocated once, on `device`, in its final dtype (K2
     shapes would not fit one GPU in float32 even for a moment); only the RoPE tables are filled.
     With `stacked` (default: on CUDA) the MoE experts are allocated stacked (`MoE.stack_experts`),
-    the layout the fused kernels read."""
-    with torch.device("meta"):
-        model = TargetModel(config).cast(dtype or getattr(torch, config.torch_dtype))
+    the layout the fused kernels read. Under expert parallelism only this rank's experts are allocated."""
+    model = _meta_target(config, dtype, parallel)
     if torch.device(device).type == "cuda" if stacked is None else stacked:
         model.stack_experts(device)
     materialize(model, device)
@@ -593,8 +632,9 @@ def materialize(module: nn.Module, device: str | torch.device) -> None:
 
 
 def build_target(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> TargetModel:
-    """A target with seeded random weights, built directly on `device` in the config's dtype."""
-    model = allocate_target(config, device=device, dtype=dtype)
-    init_random(model, seed)
+                 dtype: torch.dtype | None = None, parallel: ExpertParallel | None = None) -> TargetModel:
+    """A target with seeded random weights, built directly on `device` in the config's dtype
+    (under expert parallelism, this rank's part of the same model)."""
+    model = allocate_target(config, device=device, dtype=dtype, parallel=parallel)
+    init_random(model, seed, whole=_meta_target(config, dtype, None) if parallel else None)
     return model.eval().requires_grad_(False)

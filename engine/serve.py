@@ -9,6 +9,11 @@ Counting, so that the trace and the summary agree: `tokens` is what the decode s
 (the sum of the trace's `tokens` marks); each request's first token comes from its prefill and is
 counted in `prefill_tokens`; `tok_per_s` is every generated token (`generated_tokens`) per second
 of the serving loop (`wall_s`, first admission to last release; model set-up excluded).
+
+`--ranks N` serves with expert parallelism: N processes (engine/ranks.py), each holding 1/N of
+every MoE layer's routed experts (engine/expert_parallel.py), each running the same scheduler and
+emitting the same NVTX steps; rank 0 writes the progress and the summary. Started by torchrun
+instead (RANK and WORLD_SIZE set), the process is the rank torchrun says.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from pathlib import Path
 from engine import arguments, corpus, trained
 from engine.config import PRESETS, preset
 from engine.errors import EngineError
+from engine.expert_parallel import DEFAULT_TIMEOUT_S, ExpertParallel, ExpertShard, from_environment
+from engine.ranks import launch
 from engine.scheduler import Request, ServeResult, serve
+from engine.stages import RANK_MARK
 from engine.serve_defaults import (DEFAULT_BUDGET, DEFAULT_BUILDER, DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS,
                                    DEFAULT_MODEL, DEFAULT_REQUESTS, DEFAULT_SEED)
 from engine.tokenizer import load_tokenizer
@@ -57,6 +65,12 @@ def register(subcommands) -> None:
                              "waits for whichever OpenMP thread was descheduled)")
     arguments.add_batch_invariant(parser)
     arguments.add_cuda_graphs(parser)
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="expert-parallel processes (default 1, or torchrun's WORLD_SIZE); each holds 1/N of "
+                             "every MoE layer's routed experts")
+    parser.add_argument("--rank-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds a rank waits on the others in a collective before it gives up "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--summary", type=Path, help="write the run's JSON summary here")
     parser.add_argument("--progress", type=Path, help="append 'done total' lines here as requests finish")
     parser.add_argument("--check", action="store_true", help="validate the arguments and requests, then exit")
@@ -95,8 +109,9 @@ def _available_memory() -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    arguments.at_least_one(args, "concurrency", "budget", "requests", "max_new_tokens")
+    arguments.at_least_one(args, "concurrency", "budget", "requests", "max_new_tokens", "ranks")
     _check_request_count(args.requests, args.workload)
+    ranks = arguments.ranks(args.ranks, args.rank_timeout)
     arguments.cpu_threads(args.cpu_threads)
     arguments.temperature(args.temperature)
     arguments.output_file(args.summary, "--summary")
@@ -118,8 +133,23 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(f"the longest request of workload {args.workload} needs {max_len} cache rows (prompt + "
                           f"answer + 1 + budget {args.budget}); model {args.model} holds {limit} "
                           "(max_position_embeddings minus the drafter's block)")
+    ExpertShard(0, ranks).require_divides(config.model.n_routed_experts)
     if args.check:
         return 0
+    if ranks > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(args.argv, ranks, args.rank_timeout)
+    parallel = from_environment(device, args.rank_timeout)
+    try:
+        return _serve(args, requests, max_len, device, tokenizer, parallel)
+    finally:
+        if parallel is not None:
+            parallel.close()
+
+
+def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, device: str, tokenizer,
+           parallel: ExpertParallel | None) -> int:
+    """Load, warm up and serve in this process (one rank of `parallel`, or the only one)."""
+    import torch
 
     from engine.engine import Engine
     from engine.generate import load_models
@@ -129,16 +159,19 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.cpu_threads)
     set_batch_invariant(args.batch_invariant)
 
-    progress = _Progress(args.progress, len(requests))  # "loading" until the serving loop starts
+    rank = parallel.shard.rank if parallel else 0
+    progress = _Progress(args.progress if rank == 0 else None, len(requests))  # "loading" until serving starts
     with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
                         f"rows on {device}"):
-        target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device, dtype=arguments.dtype(args.dtype))
+        target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device, dtype=arguments.dtype(args.dtype),
+                                      parallel=parallel)
         # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
                         temperature=args.temperature, cuda_graphs=args.cuda_graphs)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
     warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
+    engine.nvtx.mark(RANK_MARK, rank)  # which rank this process is, for a report holding several
     progress.start()
     start = time.perf_counter()
     result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
@@ -146,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda":
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
-    if args.summary:
-        _write_json(args.summary, _summary(args, requests, result, wall_s, device,
-                                           str(target.dtype).removeprefix("torch."), engine.graphs))
+    if args.summary and rank == 0:
+        _write_json(args.summary, {**_summary(args, requests, result, wall_s, device,
+                                              str(target.dtype).removeprefix("torch."), engine.graphs),
+                                   "ranks": parallel.shard.world if parallel else 1})
     return 0
 
 

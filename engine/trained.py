@@ -22,6 +22,7 @@ import torch
 from engine.config import preset
 from engine.drafter import Drafter
 from engine.errors import EngineError
+from engine.expert_parallel import ExpertParallel
 from engine.model import TargetModel
 from engine.weights import from_pretrained
 
@@ -50,12 +51,13 @@ def has_pair(name: str) -> bool:
 
 
 def load_target(name: str, *, device: str | torch.device = "cpu", directory: Path | None = None,
-                dtype: torch.dtype | None = None) -> TargetModel:
+                dtype: torch.dtype | None = None, parallel: ExpertParallel | None = None) -> TargetModel:
     """The trained target of preset `name` (from `directory` if given), computing in `dtype`
-    (default: the preset's)."""
+    (default: the preset's); under expert parallelism, this rank's part of it."""
     wanted = preset(name).model
     directory = directory or target_dir(name)
-    target = from_pretrained(directory, device=device, dtype=dtype or getattr(torch, wanted.torch_dtype))
+    target = from_pretrained(directory, device=device, dtype=dtype or getattr(torch, wanted.torch_dtype),
+                             parallel=parallel)
     stored = dataclasses.replace(target.config, torch_dtype=wanted.torch_dtype)
     if stored != wanted:
         raise EngineError(f"{directory}: trained for a different {name!r} preset than engine/config.py defines; "

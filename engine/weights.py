@@ -24,10 +24,12 @@ from safetensors.torch import save_file
 from engine import fp8
 from engine.config import ModelConfig
 from engine.errors import EngineError
+from engine.expert_parallel import ExpertParallel
 from engine.model import TargetModel, allocate_target
 
 INDEX = "model.safetensors.index.json"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
 
 
 def _shard_of_each_tensor(directory: Path) -> dict[str, Path]:
@@ -63,9 +65,13 @@ def require_finite(model: torch.nn.Module, path: Path | str) -> None:
             raise EngineError(f"{path}: weight {name} holds NaN or Inf")
 
 
-def _is_skipped(name: str, num_layers: int) -> bool:
-    layer = _LAYER.match(name)
-    return name.endswith("rotary_emb.inv_freq") or (layer is not None and int(layer.group(1)) >= num_layers)
+def _is_skipped(name: str, config: ModelConfig, held_experts: range) -> bool:
+    """Tensors the checkpoint may hold that this model does not read: past its layers, or another
+    rank's routed experts (expert parallelism)."""
+    layer, expert = _LAYER.match(name), _EXPERT.match(name)
+    return (name.endswith("rotary_emb.inv_freq") or (layer is not None and int(layer.group(1)) >= config.num_hidden_layers)
+            or (expert is not None and int(expert.group(1)) in range(config.n_routed_experts)
+                and int(expert.group(1)) not in held_experts))
 
 
 def read_json(path: Path) -> dict:
@@ -121,9 +127,9 @@ def special_tokens(directory: str | Path) -> tuple[int | None, int | None]:
     return ids[0], ids[1]
 
 
-def _allocate(config: ModelConfig, path: Path, device, dtype) -> TargetModel:
+def _allocate(config: ModelConfig, path: Path, device, dtype, parallel: ExpertParallel | None) -> TargetModel:
     try:
-        return allocate_target(config, device=device, dtype=dtype)
+        return allocate_target(config, device=device, dtype=dtype, parallel=parallel)
     except (TypeError, ValueError, RuntimeError) as e:  # sizes of the wrong type or sign, or too big to allocate
         raise EngineError(f"{path}: describes no model this engine can build here "
                           f"({str(e).splitlines()[0]})") from None
@@ -131,7 +137,7 @@ def _allocate(config: ModelConfig, path: Path, device, dtype) -> TargetModel:
 
 @torch.no_grad()
 def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu",
-                    dtype: torch.dtype | None = None) -> TargetModel:
+                    dtype: torch.dtype | None = None, parallel: ExpertParallel | None = None) -> TargetModel:
     """The target described by `directory/config.json`, with the shards' weights, computing in
     `dtype` (default: the checkpoint's own, config.json's torch_dtype or dtype).
 
@@ -145,7 +151,8 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
         block = fp8.block_size(raw.get("quantization_config"))
     except EngineError as e:
         raise EngineError(f"{path}: {e}") from None
-    wanted = set(_allocate(config, path, "meta", dtype).state_dict())
+    held_experts = parallel.shard.experts(config.n_routed_experts) if parallel else range(config.n_routed_experts)
+    wanted = set(_allocate(config, path, "meta", dtype, parallel).state_dict())
     where = _shard_of_each_tensor(directory)
     scales = {name: name + fp8.SCALE_SUFFIX for name in wanted if name + fp8.SCALE_SUFFIX in where}
     if scales and block is None:
@@ -153,13 +160,13 @@ def from_pretrained(directory: str | Path, *, device: str | torch.device = "cpu"
                           "has no quantization_config")
     tied_head = {"lm_head.weight"} & set(where) if config.tie_word_embeddings else set()
     expected = wanted | set(scales.values()) | tied_head
-    unexpected = sorted(n for n in where if n not in expected and not _is_skipped(n, config.num_hidden_layers))
+    unexpected = sorted(n for n in where if n not in expected and not _is_skipped(n, config, held_experts))
     if unexpected:
         raise EngineError(f"{directory}: unexpected tensor {unexpected[0]} ({len(unexpected)} unexpected in all)")
     missing = sorted(n for n in wanted if n not in where)
     if missing:
         raise EngineError(f"{directory}: checkpoint lacks {missing[0]} ({len(missing)} missing in all)")
-    model = _allocate(config, path, device, dtype)
+    model = _allocate(config, path, device, dtype, parallel)
     params = model.state_dict()
     by_shard: dict[Path, list[str]] = {}
     for name in sorted(wanted | tied_head):

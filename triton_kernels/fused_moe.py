@@ -60,18 +60,26 @@ def max_blocks(n_pairs: int, n_experts: int, block_m: int) -> int:
 
 def route_to_blocks(experts: torch.Tensor, n_experts: int, block_m: int) -> Routing:
     """experts [N, k] -> the row layout of `Routing`: pairs sorted by expert (stable: a token's
-    pairs keep their order), each expert's rows starting on a tile boundary. GPU ops only."""
+    pairs keep their order), each expert's rows starting on a tile boundary. GPU ops only.
+
+    An id outside [0, n_experts) is an expert this rank does not hold (expert parallelism passes
+    the ids relative to its first expert): the pair gets no row, and its output stays zero."""
     pairs = experts.flatten()
     n_pairs = pairs.numel()
     n_blocks = max_blocks(n_pairs, n_experts, block_m)
-    counts = pairs.new_zeros(n_experts).scatter_add_(0, pairs, torch.ones_like(pairs))
+    held = (pairs >= 0) & (pairs < n_experts)
+    bucket = torch.where(held, pairs, n_experts)  # other ranks' pairs sort last, into a bucket with no tiles
+    counts = pairs.new_zeros(n_experts + 1).scatter_add_(0, bucket, torch.ones_like(pairs))[:n_experts]
     tiles = (counts + block_m - 1) // block_m
     tile_end = tiles.cumsum(0)
-    order = pairs.argsort(stable=True)
-    expert_of_sorted = pairs[order]
-    rank = torch.arange(n_pairs, device=pairs.device) - (counts.cumsum(0) - counts)[expert_of_sorted]
-    rows = (tile_end - tiles)[expert_of_sorted] * block_m + rank
-    row_pair = pairs.new_full((n_blocks * block_m,), -1).index_put_((rows,), order)
+    order = bucket.argsort(stable=True)
+    expert_of_sorted = bucket[order]
+    mine = expert_of_sorted.clamp(max=n_experts - 1)
+    rank = torch.arange(n_pairs, device=pairs.device) - (counts.cumsum(0) - counts)[mine]
+    rows = (tile_end - tiles)[mine] * block_m + rank
+    scratch = n_blocks * block_m  # one row past the layout takes the pairs that get none
+    rows = torch.where(expert_of_sorted < n_experts, rows, scratch)
+    row_pair = pairs.new_full((scratch + 1,), -1).index_put_((rows,), order)[:scratch]
     block_expert = torch.searchsorted(tile_end, torch.arange(n_blocks, device=pairs.device), right=True)
     return Routing(row_pair, block_expert.masked_fill_(block_expert >= n_experts, -1), block_m)
 
@@ -163,6 +171,13 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13
               shared: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
     """x [N, H] routed to experts [N, k] with weights [N, k] (float32) through stacked w13 [E, 2I, H]
     and w2 [E, H, I]; plus the shared experts' output shared [N, H]. Returns [N, H] in x's dtype."""
+    return combine_pairs(routed_pairs(x, weights, experts, w13, w2, tiles), shared)
+
+
+def routed_pairs(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                 tiles: MoeTiles | None = None) -> torch.Tensor:
+    """Each (token, choice) pair's weighted expert output, [N, k, H] in x's dtype; zero for a pair
+    whose expert id lies outside [0, E) (another rank's expert, under expert parallelism)."""
     n, hidden = x.shape
     n_experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -171,9 +186,9 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13
         raise ValueError(f"fused_moe: x {tuple(x.shape)}, experts {tuple(experts.shape)}, w13 {tuple(w13.shape)} "
                          f"and w2 {tuple(w2.shape)} do not fit together")
     t = tiles or moe_tiles(x.dtype)
-    out = torch.empty_like(x)
+    y = torch.zeros(n, top_k, hidden, dtype=x.dtype, device=x.device)  # pairs given no row stay zero
     if n == 0:
-        return out
+        return y
     x = x.contiguous()
     routing = route_to_blocks(experts, n_experts, t.block_m)
     n_blocks = routing.block_expert.shape[0]
@@ -183,11 +198,19 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13
         x, w13, h, routing.row_pair, routing.block_expert, hidden, inter, *w13.stride(), TOP_K=top_k,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, IEEE=ieee, num_warps=t.num_warps,
         num_stages=t.num_stages)
-    y = torch.empty(n * top_k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(hidden, t.block_n))](
         h, w2, y, weights.float().contiguous(), routing.row_pair, routing.block_expert, hidden, inter, *w2.stride(),
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, IEEE=ieee, num_warps=t.num_warps,
         num_stages=t.num_stages)
+    return y
+
+
+def combine_pairs(y: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """shared [N, H] plus each token's pair outputs y [N, k, H] in choice order (fixed: batch-invariant)."""
+    n, top_k, hidden = y.shape
+    out = torch.empty_like(shared)
+    if n == 0:
+        return out
     block = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(n, triton.cdiv(hidden, block))](y, shared.contiguous(), out, hidden, TOP_K=top_k, BLOCK=block)
     return out

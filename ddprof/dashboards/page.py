@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ddprof.atomic import atomic_path
 from ddprof.dashboards import DEFAULT_WINDOW_STEPS
 from ddprof.dashboards.distributions import distributions_figure
 from ddprof.dashboards.headline import bound_share, headline
+from ddprof.dashboards.ranks_section import ranks_section
 from ddprof.dashboards.runs import UNKNOWN, Run, notes
 from ddprof.dashboards.step_share import step_share_figure
 from ddprof.dashboards.throughput import throughput_figure
@@ -102,7 +104,7 @@ def render(runs: Sequence[Run], *, evidence: Sequence[ABResult] = (), window_ste
             f"{plotly_script(plotly_js, out)}</head><body>"
             f"<h1>{html.escape(title)}</h1>"
             f'<p class="headline" id="headline">{html.escape(headline(runs, evidence))}</p>'
-            f"{notes_html}{_runs_table(runs)}{sections}</body></html>\n")
+            f"{notes_html}{_runs_table(runs)}{ranks_section(runs)}{sections}</body></html>\n")
 
 
 def default_path(traces: Sequence[Path]) -> Path:
@@ -110,7 +112,7 @@ def default_path(traces: Sequence[Path]) -> Path:
     traces = [Path(t) for t in traces]
     folders = {t.resolve().parent for t in traces}
     if len(traces) == 1:
-        name = traces[0].stem
+        name = re.sub(r"[][*?]", "", traces[0].stem)  # a glob of per-rank reports: `run.rank*` -> run.rank
     elif len(folders) == 1:
         name = folders.pop().name
     else:

@@ -18,7 +18,7 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
-from ddprof.pipeline import analyse
+from ddprof.ranks import Ranked, analyse_rank, processes, side_by_side
 from ddprof.stage_map import StageMap
 from ddprof.wall import prefills
 
@@ -44,6 +44,8 @@ class Run:
     summary: dict
     prefills: pl.DataFrame  # the engine's prefill ranges (pid, tid, start, end): where time between steps goes
     label: str = ""
+    rank: int | None = None  # which rank of a report holding several (ddprof.ranks); None: the only process
+    ranked: Ranked | None = None  # that report's ranks side by side (shared by its runs)
 
     def setting(self, key: str):
         return self.meta.get(key) if self.meta else None
@@ -120,9 +122,16 @@ def load_runs(paths: Sequence[Path], stage_map: StageMap | None = None, *, drop_
         raise DdprofError(f"{twice}: given more than once (each trace is one run on the page)")
     runs = []
     for path in map(Path, paths):
-        meta = read_metadata(path)
-        trace, attribution, summary = analyse(path, stage_map, drop_incomplete=drop_incomplete, advance=advance)
-        runs.append(Run(path, meta, attribution, summary, prefills(trace, stage_map)))
+        # A report of several ranks, or a quoted glob of per-rank reports: one run per rank.
+        found = processes([path], stage_map, advance)
+        analysed = [analyse_rank(process, stage_map, drop_incomplete=drop_incomplete, advance=advance)
+                    for process in found]
+        ranked = side_by_side([rank_run for _, rank_run in analysed], stage_map) if len(found) > 1 else None
+        for trace, rank_run in analysed:
+            source = path if path.exists() else rank_run.process.source  # a glob: each rank's own report
+            runs.append(Run(source, read_metadata(source), rank_run.attribution, rank_run.summary,
+                            prefills(trace, stage_map), rank=rank_run.process.rank if ranked else None,
+                            ranked=ranked))
     return sorted(labelled(runs), key=lambda run: run.sort_key)
 
 
@@ -136,6 +145,7 @@ def labelled(runs: Sequence[Run]) -> list[Run]:
             continue
         parts = [f"{_SHORT.get(key, key)}={run.setting(key)}" for key in varying]
         labels.append(" · ".join([run.builder, *parts]))
+    labels = [label if run.rank is None else f"{label} · rank {run.rank}" for run, label in zip(runs, labels)]
     # Where labels repeat, the file's name tells the runs apart; where even that repeats (same-named
     # files in different folders), its folder does.
     for tell_apart in (lambda run: run.source.stem, lambda run: str(run.source.parent)):
@@ -166,7 +176,7 @@ def notes(runs: Sequence[Run]) -> list[str]:
         if run.meta is None:
             found.append(f"{run.label}: no {metadata_path(run.source).name} beside the trace; builder, "
                          "concurrency, budget, model and workload are unknown (labelled by file name)")
-        elif run.meta.get("trace_steps") not in (None, run.summary["steps"]):
+        elif run.meta.get("trace_steps") not in (None, run.summary["steps"] * (run.setting("ranks") or 1)):
             found.append(f"{run.label}: its metadata counts {run.meta['trace_steps']} steps but the trace holds "
                          f"{run.summary['steps']}; the JSON may belong to another capture")
         left_out = dropped_note(run.summary["dropped_ranges"])

@@ -293,3 +293,43 @@ if __name__ == "__main__":  # regenerate the committed fixture: python -m tests.
     target = Path(__file__).resolve().parents[1] / "data" / "ddtree_nsys2025_schema.sqlite"
     target.parent.mkdir(exist_ok=True)
     print(example("2025.3").write(target))
+
+
+# Per-stage host ns of each rank's steps in `ranks_example`: rank r's step i stage s lasts STAGE_NS[s]
+# plus SLOW_NS where (r, i) is in SLOW; verify holds a moe_all_reduce range of ALL_REDUCE_NS[r].
+RANK_STAGE_NS = (100, 20, 300, 10, 10, 10)
+RANK_SLOW = {(1, 0): 50, (1, 1): 70, (0, 2): 30}  # (rank, step) -> extra ns in verify
+RANK_ALL_REDUCE_NS = (40, 60)
+RANK_PIDS = (11, 10)  # rank 0's pid is the larger: ranks come from the rank marks, not pid order
+
+
+def ranks_example(export: Export, rank: int, *, steps: int = 3, cuda: bool = False,
+                  slow: dict[tuple[int, int], int] = RANK_SLOW) -> Export:
+    """Rank `rank` of a 2-rank expert-parallel run in `export` (one process per rank; the same
+    Export twice gives one report holding both), with known stage times, stragglers and
+    communication (`slow`: extra verify ns by (rank, step)): on the CPU as nested moe_all_reduce ranges, with `cuda` as an NCCL kernel that
+    verify launches (and a compute kernel that is not communication)."""
+    from engine.stages import MOE_ALL_REDUCE, RANK_MARK, STAGES
+
+    pid = RANK_PIDS[rank]
+    tid = pid * 10
+    export.declare_domain(DOMAIN, pid=pid, tid=tid)
+    export.mark(RANK_MARK, 500, rank, pid=pid, tid=tid)
+    start = 1_000 + 7 * rank  # the ranks' clocks disagree a little
+    for step in range(steps):
+        at = start
+        for name, ns in zip(STAGES, RANK_STAGE_NS):
+            ns += slow.get((rank, step), 0) if name == "verify" else 0
+            export.range(name, at, at + ns, pid=pid, tid=tid)
+            if name == "verify":
+                if cuda:
+                    export.kernel(at + 5, at + 5 + RANK_ALL_REDUCE_NS[rank], launch=(at + 1, at + 3), pid=pid,
+                                  tid=tid, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+                    export.kernel(at + 100, at + 120, launch=(at + 50, at + 52), pid=pid, tid=tid, name="moe_gemm")
+                else:
+                    export.range(MOE_ALL_REDUCE, at + 5, at + 5 + RANK_ALL_REDUCE_NS[rank], pid=pid, tid=tid)
+            at += ns
+        export.range("step", start, at, pid=pid, tid=tid)
+        export.mark(TOKENS_MARK, at + 1, 4, pid=pid, tid=tid)
+        start = at + 200
+    return export

@@ -12,7 +12,7 @@ import pytest
 
 from ddprof.capture import PHASES, SERVING, CaptureRequest, _count_steps, capture
 from ddprof.errors import DdprofError
-from engine.stages import DOMAIN, PREFILL, STAGES, STEP, TOKENS_MARK
+from engine.stages import DOMAIN, PREFILL, RANK_MARK, STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
 
 PUSH_POP_RANGE, MARK, DOMAIN_CREATE = 59, 34, 75
@@ -87,7 +87,9 @@ def test_every_step_range_holds_the_six_stage_ranges(run):
 def test_tokens_marks_sum_to_the_tokens_in_the_json(run):
     _, result, _ = run
     marks = [e for e in _events(result.sqlite) if e["kind"] == MARK and e["domain"] == DOMAIN]
-    assert {m["name"] for m in marks} == {TOKENS_MARK}
+    assert {m["name"] for m in marks} == {TOKENS_MARK, RANK_MARK}
+    assert [m["payload"] for m in marks if m["name"] == RANK_MARK] == [0]  # one process: rank 0
+    marks = [m for m in marks if m["name"] == TOKENS_MARK]
     assert len(marks) == result.meta["steps"]
     assert sum(m["payload"] for m in marks) == result.meta["tokens"] > 0
 

@@ -1,0 +1,72 @@
+"""What a second (and a fourth) expert-parallel rank costs, and where: captures of the `small` model
+at 1, 2 and 4 gloo ranks on this machine, each broken down by ddprof (per rank, the critical path
+over the ranks, stragglers, the all-reduce's host time per stage).
+
+    python benchmarks/expert_parallel_captures.py [--ranks 1,2,4] [--requests 32] [--out benchmarks/results/expert_parallel_cpu.json]
+
+On the 2-core CPU machines the ranks share the cores (4 ranks: two processes per core), so a
+rank's all-reduce waits for the other ranks' compute as well as moving the bytes: read the
+communication column as "waiting in the collective", not as wire time. Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
+from ddprof.capture import CaptureRequest, capture  # noqa: E402
+from ddprof.ranks import analyse_ranks, processes  # noqa: E402
+
+WORKLOAD, CONCURRENCY, MODEL = "chat", 8, "small"
+
+
+def _stages(rows: list[dict]) -> dict:
+    return {row["stage"]: {"crit_ms": row["crit_ms"], "comm_ms": row["comm_ms"]} for row in rows}
+
+
+def measure(ranks: int, requests: int, trace_dir: Path) -> dict:
+    load_before = os.getloadavg()
+    result = capture(CaptureRequest(workload=WORKLOAD, concurrency=CONCURRENCY, out=trace_dir / f"ranks{ranks}",
+                                    model=MODEL, requests=requests, ranks=ranks))
+    s = analyse_ranks(processes([result.sqlite])).summary
+    crit = s["critical_path"]
+    return {
+        "ranks": ranks, "trace": str(result.sqlite), "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+        "capture": {k: result.meta.get(k) for k in ("generated_tokens", "steps", "tokens", "wall_s", "tok_per_s")},
+        "critical_path": {"steps": crit["steps"], "tokens": crit["tokens"], "tok_per_s": crit["tok_per_s"],
+                          "step_ms_mean": crit["step_ms"]["total"] / crit["steps"], "bound_by": crit["bound_by"],
+                          "stages": _stages(crit["stages"])},
+        "ranks_detail": [{"rank": r["rank"], "step_ms_mean": r["step_ms"]["total"] / r["steps"],
+                          "comm_ms": r["comm_ms"], "stages": _stages(r["stages"])} for r in s["ranks"]],
+        "stragglers": s["stragglers"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--trace-dir", type=Path, default=Path("traces/expert-parallel"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "expert_parallel_cpu.json")
+    args = parser.parse_args()
+    rows = [measure(int(n), args.requests, args.trace_dir) for n in args.ranks.split(",")]
+    print(f"{'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} {'comm ms':>8} {'draft ms':>9}")
+    for row in rows:
+        crit = row["critical_path"]
+        verify, draft = crit["stages"]["verify"], crit["stages"]["draft"]
+        print(f"{row['ranks']:>5} {crit['steps']:>6} {crit['tok_per_s']:>8.1f} {crit['step_ms_mean']:>8.2f} "
+              f"{verify['crit_ms'] / crit['steps']:>10.2f} {verify['comm_ms'] / crit['steps']:>8.2f} "
+              f"{draft['crit_ms'] / crit['steps']:>9.2f}")
+    write_result(args.out, {"benchmark": "expert_parallel_captures", "machine": describe() | {"cpus": os.cpu_count()},
+                            "command": f"ddprof capture --workload {WORKLOAD} --concurrency {CONCURRENCY} --model "
+                                       f"{MODEL} --requests {args.requests} --ranks N", "runs": rows})
+
+
+if __name__ == "__main__":
+    main()
