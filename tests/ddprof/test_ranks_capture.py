@@ -51,29 +51,3 @@ def test_breakdown_and_gaps_of_the_ranks(ranked_capture):
     assert [r["rank"] for r in json.loads(done.stdout)["ranks"]] == [0, 1]
     gaps = ddprof("gaps", ranked_capture.sqlite)
     assert gaps.returncode == 2 and "no CUDA runtime calls" in gaps.stderr and gaps.stderr.count("\n") == 1
-
-
-def test_one_report_per_rank_as_torchrun_would_start_them(tmp_path):
-    """Each rank under its own `nsys profile` with torchrun's variables: ddprof reads the two
-    reports as one run, the ranks told apart by their marks (given in reverse order)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ddprof.capture import allowlisted_env
-    from ddprof.nsys import export_sqlite, profile
-    from engine.ranks import rendezvous
-
-    command = [sys.executable, "-m", "engine", "serve", "--workload", "chat", "--concurrency", "2", "--model", "tiny",
-               "--requests", "2", "--max-new-tokens", "10", "--device", "cpu"]
-
-    def rank(r):
-        env = {**allowlisted_env(), **group, "RANK": str(r), "PYTHONPATH": str(ROOT)}
-        return export_sqlite(profile(command, tmp_path / f"run.rank{r}", env=env, timeout_s=300))
-
-    with rendezvous(2) as group, ThreadPoolExecutor(2) as pool:
-        reports = list(pool.map(rank, (0, 1)))
-    found = processes(list(reversed(reports)))
-    assert [p.rank for p in found] == [0, 1] and [p.source for p in found] == reports
-    s = analyse_ranks(found).summary
-    assert s["step_counts"][0] == s["step_counts"][1] == s["matched_steps"] > 0
-    assert s["ranks"][0]["tokens"] == s["ranks"][1]["tokens"] == s["critical_path"]["tokens"] > 0
-    assert all(r["stages"][STAGES.index("verify")]["comm_ms"] > 0 for r in s["ranks"])
