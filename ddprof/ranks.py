@@ -25,6 +25,7 @@ import polars as pl
 
 from ddprof.analysis import breakdown
 from ddprof.attribution import OWNERS, PER_STEP_COLUMNS, Attribution
+from ddprof.graphs import GraphTrace
 from ddprof.errors import DdprofError
 from ddprof.load import Trace, load
 from ddprof.pipeline import analyse_trace
@@ -217,7 +218,14 @@ def _critical(runs: Sequence[RankRun], slowest: np.ndarray) -> Attribution:
                       "owner": np.tile(np.array(OWNERS), slowest.size),
                       **{column: matrix.ravel() for column, matrix in per_step.items()}}),
         tokens, {key: sum(run.attribution.dropped[key] for run in runs) for key in first.dropped},
-        any(run.attribution.has_gpu_activity for run in runs))
+        any(run.attribution.has_gpu_activity for run in runs), _graphs_of_all([run.attribution.graphs for run in runs]))
+
+
+def _graphs_of_all(graphs: Sequence[GraphTrace]) -> GraphTrace:
+    """The ranks' graph records together: their counts summed, one mode if they agree."""
+    modes = sorted({g.mode for g in graphs})
+    return GraphTrace("+".join(modes), sum(g.launches for g in graphs), sum(g.graph_records for g in graphs),
+                      sum(g.node_ops for g in graphs))
 
 
 def _rank_row(run: RankRun) -> dict:

@@ -297,7 +297,7 @@ def test_a_checkpoint_loads_into_stacked_experts(tmp_path, monkeypatch):
     for layer, original in zip(loaded.model.layers, source.model.layers):
         if isinstance(layer.mlp, model.MoE):
             w13, w2 = layer.mlp.stacked()  # still views
-            for e, expert in enumerate(original.mlp.experts):
+            for e, expert in enumerate(original.mlp.experts.values()):
                 assert torch.equal(w13[e], torch.cat([expert.gate_proj.weight, expert.up_proj.weight]))
                 assert torch.equal(w2[e], expert.down_proj.weight)
     assert torch.equal(logits_of(loaded), logits_of(source))
