@@ -12,22 +12,20 @@ Prints one row per run and writes JSON (default benchmarks/results/batch_invaria
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving_ab import switch_ab  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
-from engine.model import plain_matmuls  # noqa: E402
+from engine.model import batch_invariance  # noqa: E402
 
 VENDOR, INVARIANT = "vendor", "invariant"
 
 
-@contextmanager
 def numerics(variant: str):
-    with plain_matmuls() if variant == VENDOR else nullcontext():
-        yield
+    """Each variant sets its numerics itself, whatever --batch-invariant set for the process."""
+    return batch_invariance(variant == INVARIANT)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 (triton_kernels/fused_moe.py: two grouped GEMMs, no wait for the GPU) against the per-expert loop
 (engine/model.py `MoE.per_expert`: pairs sorted by expert, one wait per layer to read the group
 sizes, three GEMMs per expert in use). Both are batch-invariant and their numbers differ only in
-rounding, so a run may decode other tokens than the other variant's: the harness then stops.
+rounding, so a variant may decode other tokens than the other's; each must repeat its own tokens in
+every round (the harness stops otherwise).
 The method: benchmarks/serving_ab.py.
 
     python benchmarks/moe_dispatch_ab.py [--model k2-layer] [--concurrency 32] [--builder gpu] [--rounds 3]

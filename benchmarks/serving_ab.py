@@ -22,7 +22,7 @@ from typing import Callable, ContextManager
 import torch
 
 from benchmarks.machine import RESULTS, describe
-from engine import corpus
+from engine import arguments, corpus
 from engine.engine import Engine, rows_per_slot
 from engine.generate import load_models
 from engine.model import set_batch_invariant
@@ -128,8 +128,7 @@ def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str,
     decode the same tokens; else each its own, the same in every round."""
     parser = workload_arguments(description, f"{benchmark}.json")
     parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
-                        help="the numerics of every other op (--no-batch-invariant: the vendor's GEMMs and norms)")
+    arguments.add_batch_invariant(parser)
     args = parser.parse_args()
     set_batch_invariant(args.batch_invariant)
     workload = Workload(args)

@@ -24,11 +24,11 @@ from engine.stages import STAGES, STEP
 PERCENTILES = (50, 90, 99)
 # Columns that only GPU tracing can fill: unknown (null), not 0, in a host-only trace.
 GPU_SIDE_COLUMNS = ("wait_ns", "gpu_ns", "crit_gpu_ns", "gpu_ops", "graph_launches", "sync_calls")
-_NS_PER_MS = 1e6
+NS_PER_MS = 1e6
 
 
 def _ms(ns) -> float:
-    return float(ns) / _NS_PER_MS
+    return float(ns) / NS_PER_MS
 
 
 def _distribution(values_ns: np.ndarray) -> dict[str, float]:

@@ -254,6 +254,16 @@ def _publish(report: Path, sqlite_path: Path, staged_json: Path, out: Path, meta
     return final
 
 
+def _progress_state(fields: list[str]) -> tuple | None:
+    """A progress line ("loading", or "done total") as a phase and counts; None for any other line
+    (the bar then skips it: a thread that raised would freeze it without a word)."""
+    if fields == ["loading"]:
+        return LOADING, None, None
+    if len(fields) == 2 and all(field.isdigit() for field in fields):
+        return SERVING, int(fields[0]), int(fields[1])
+    return None
+
+
 class _ProgressTail:
     """Follows the engine's progress file ("loading", then "done total" lines) and reports each change.
 
@@ -291,9 +301,9 @@ class _ProgressTail:
         except OSError:
             return
         complete = [line.split() for line in lines[:-1] if line.strip()]  # the last piece may be half-written
-        new, self._read = complete[self._read:], len(complete)
-        for index, line in enumerate(new):
-            state = (LOADING, None, None) if line == ["loading"] else (SERVING, int(line[0]), int(line[1]))
+        new, self._read = [_progress_state(line) for line in complete[self._read:]], len(complete)
+        new = [state for state in new if state is not None]
+        for index, state in enumerate(new):
             changes_phase = self._last is None or state[0] != self._last[0]
             if state != self._last and (changes_phase or index == len(new) - 1):
                 self._last = state

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ddprof.analysis import breakdown
+from ddprof.analysis import NS_PER_MS, breakdown
 from ddprof.attribution import OWNERS, PER_STEP_COLUMNS, Attribution
 from ddprof.graphs import GraphTrace
 from ddprof.errors import DdprofError
@@ -34,7 +34,6 @@ from ddprof.wall import wall_split
 from engine.stages import COMMUNICATION, DOMAIN, RANK_MARK, STAGES, STEP
 
 COLLECTIVE_KERNELS = "nccl"  # in the name of every NCCL kernel (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ...)
-_NS_PER_MS = 1e6
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ def side_by_side(runs: Sequence[RankRun], stage_map: StageMap | None = None) -> 
     comm = np.stack([run.communication_ns[:matched] for run in runs])
     critical_comm = comm[slowest, np.arange(matched)].sum(axis=0)
     for row, ns in zip(critical_summary["stages"], critical_comm):
-        row["comm_ms"] = ns / _NS_PER_MS
+        row["comm_ms"] = ns / NS_PER_MS
     summary = {
         "sources": sorted({str(run.process.source) for run in runs}),
         "communication": ("GPU time of NCCL kernels" if critical.has_gpu_activity
@@ -233,9 +232,9 @@ def _rank_row(run: RankRun) -> dict:
     comm = run.communication_ns.sum(axis=0)
     return {"rank": run.process.rank, "pid": run.process.pid, "source": str(run.process.source),
             "steps": s["steps"], "tokens": s["tokens"], "tok_per_s": s["tok_per_s"], "bound_by": s["bound_by"],
-            "step_ms": s["step_ms"], "comm_ms": float(comm.sum()) / _NS_PER_MS,
+            "step_ms": s["step_ms"], "comm_ms": float(comm.sum()) / NS_PER_MS,
             "stages": [{"stage": row["stage"], "cpu_ms": row["cpu_ms"], "crit_ms": row["crit_ms"],
-                        "crit_share": row["crit_share"], "comm_ms": float(ns) / _NS_PER_MS}
+                        "crit_share": row["crit_share"], "comm_ms": float(ns) / NS_PER_MS}
                        for row, ns in zip(s["stages"], comm)]}
 
 
@@ -248,7 +247,7 @@ def _stragglers(runs: Sequence[RankRun], durations: np.ndarray, slowest: np.ndar
         mine = slowest == index
         rows.append({"rank": run.process.rank, "slowest_steps": int(mine.sum()),
                      "share": float(mine.mean()) if mine.size else 0.0,
-                     "behind_ms_mean": float(behind[mine].mean()) / _NS_PER_MS if mine.any() else 0.0,
-                     "behind_ms_total": float(behind[mine].sum()) / _NS_PER_MS,
-                     "step_ms_mean": float(durations[index].mean()) / _NS_PER_MS if durations.shape[1] else 0.0})
+                     "behind_ms_mean": float(behind[mine].mean()) / NS_PER_MS if mine.any() else 0.0,
+                     "behind_ms_total": float(behind[mine].sum()) / NS_PER_MS,
+                     "step_ms_mean": float(durations[index].mean()) / NS_PER_MS if durations.shape[1] else 0.0})
     return rows

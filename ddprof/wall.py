@@ -11,13 +11,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ddprof.analysis import NS_PER_MS
 from ddprof.attribution import Attribution
 from ddprof.intervals import covered_length, union
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
 from engine.stages import DOMAIN, PREFILL
-
-_NS_PER_MS = 1e6
 
 
 def names_prefills(stage_map: StageMap | None) -> bool:
@@ -50,7 +49,7 @@ def wall_split(attribution: Attribution, prefill_ranges: pl.DataFrame | None) ->
     between = wall_ns - in_steps - (prefill_ns or 0)
 
     def part(ns: int | None) -> dict | None:
-        return None if ns is None else {"ms": ns / _NS_PER_MS, "share": ns / wall_ns if wall_ns else 0.0}
+        return None if ns is None else {"ms": ns / NS_PER_MS, "share": ns / wall_ns if wall_ns else 0.0}
 
-    return {"ms": wall_ns / _NS_PER_MS, "steps": part(in_steps), "prefill": part(prefill_ns),
+    return {"ms": wall_ns / NS_PER_MS, "steps": part(in_steps), "prefill": part(prefill_ns),
             "between_steps": part(between)}

@@ -6,7 +6,8 @@ attention, the router, the shared experts and the dense layers are replicated. E
 all-reduce its per-(token, choice) outputs: a pair routed to another rank's expert is an exact zero
 here, so every element of the sum has one nonzero term and the sum is exact whatever order the
 collective adds in. The result is the 1-rank layer's bits on every rank, and as batch-invariant as
-it (the combine then sums a token's choices in its fixed order, engine.model.MoE.combine). The cost
+it (the combine then sums a token's choices in its fixed order: engine.model.MoE.combine, or on
+CUDA triton_kernels.fused_moe.combine_pairs). The cost
 is top-k times the bytes of reducing each rank's partial sums, whose rounding would depend on the
 collective's chunking and so on the batch.
 

@@ -34,16 +34,21 @@ def set_batch_invariant(on: bool) -> None:
 
 
 @contextmanager
-def plain_matmuls():
-    """Vendor GEMMs and norms inside the block (training; `--no-batch-invariant`): several times
-    faster on the CPU, but a row's result then depends on how many rows share the call, so greedy
-    DDTree decoded inside it is no longer exactly AR's."""
+def batch_invariance(on: bool):
+    """`set_batch_invariant(on)` inside the block only."""
     global _batch_invariant
-    before, _batch_invariant = _batch_invariant, False
+    before, _batch_invariant = _batch_invariant, on
     try:
         yield
     finally:
         _batch_invariant = before
+
+
+def plain_matmuls():
+    """Vendor GEMMs and norms inside the block (training; `--no-batch-invariant`): several times
+    faster on the CPU, but a row's result then depends on how many rows share the call, so greedy
+    DDTree decoded inside it is no longer exactly AR's."""
+    return batch_invariance(False)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
