@@ -2,7 +2,7 @@
 builders for several rounds (no profiler), so machine noise shows up as spread, not as a verdict
 (the method: benchmarks/serving_ab.py).
 
-    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--out FILE]
+    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--no-cuda-graphs] [--out FILE]
 
 Prints one row per run and writes JSON (default benchmarks/results/builder_ab.json).
 """
@@ -15,13 +15,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving_ab import Workload, paired_rounds, workload_arguments, write_result  # noqa: E402
+from engine import arguments  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
 
 def main() -> None:
-    args = workload_arguments(__doc__.splitlines()[0], "builder_ab.json").parse_args()
+    parser = workload_arguments(__doc__.splitlines()[0], "builder_ab.json")
+    arguments.add_cuda_graphs(parser)
+    args = parser.parse_args()
     workload = Workload(args)
-    engines = {builder: workload.engine(builder) for builder in ("cpu", "gpu")}
+    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, workload.device)  # default: on with CUDA
+    engines = {builder: workload.engine(builder, cuda_graphs=args.cuda_graphs) for builder in ("cpu", "gpu")}
     rows, verdict = paired_rounds(lambda builder: workload.serve(engines[builder]), ("cpu", "gpu"), args.rounds,
                                   "builder")
     write_result("builder_ab", workload, rows, verdict)

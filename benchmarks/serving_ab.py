@@ -64,11 +64,13 @@ class Workload:
         self.target, self.drafter = load_models(args.model, seed=WEIGHT_SEED, device=self.device)
         self.first_output: dict[str, dict[int, list[int]]] = {}  # by numerics: every later run must decode this
 
-    def engine(self, builder: str) -> Engine:
-        """An engine (NVTX off) sized for the workload, warmed up on its first request."""
+    def engine(self, builder: str, cuda_graphs: bool = False) -> Engine:
+        """An engine (NVTX off) sized for the workload, its CUDA graphs recorded if asked, warmed up on
+        its first request."""
         max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in self.requests), self.args.budget)
         engine = Engine(self.target, self.drafter, budget=self.args.budget, builder=builder,
-                        n_slots=self.args.concurrency, max_len=max_len, device=self.device, nvtx=False)
+                        n_slots=self.args.concurrency, max_len=max_len, device=self.device, nvtx=False,
+                        cuda_graphs=cuda_graphs)
         first = self.requests[0]
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
         return engine
@@ -87,32 +89,39 @@ class Workload:
             sys.exit(f"runs{' of ' + numerics if numerics else ''} decoded different tokens: each must be a "
                      "faster way to the same greedy result")
         return {"tokens": result.generated_tokens, "steps": result.steps, "wall_s": wall,
-                "tok_per_s": result.generated_tokens / wall}
+                "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s,
+                "decode_tok_per_s": result.step_tokens / result.step_s}
 
 
 def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds: int, field: str
                   ) -> tuple[list[dict], dict]:
     """Run the A/B (see the module docstring); rows name their variant under `field`. Returns the
-    rows and the verdict: median tok/s per variant, and the paired B/A ratios' median and range."""
+    rows and the verdict: median tok/s per variant, and the paired B/A ratios' median and range, of
+    the serving tok/s (prefills included) and of the decode steps' alone (`decode_`: what a
+    decode-step change moves before prefill dilutes it)."""
     a, b = variants
     for variant in variants:
         run(variant)
     rows = []
-    print(f"{'round':>5} {field:>12} {'tokens':>7} {'steps':>6} {'wall s':>8} {'tok/s':>8}")
+    print(f"{'round':>5} {field:>12} {'tokens':>7} {'steps':>6} {'wall s':>8} {'tok/s':>8} {'decode tok/s':>12}")
     for round_ in range(rounds):
         for variant in variants if round_ % 2 == 0 else variants[::-1]:
             rows.append(row := {"round": round_, field: variant, **run(variant)})
             print(f"{round_:5} {variant:>12} {row['tokens']:7} {row['steps']:6} {row['wall_s']:8.3f} "
-                  f"{row['tok_per_s']:8.1f}")
-    median = {v: statistics.median(r["tok_per_s"] for r in rows if r[field] == v) for v in variants}
-    by_round = {(r["round"], r[field]): r["tok_per_s"] for r in rows}
-    ratios = [by_round[i, b] / by_round[i, a] for i in range(rounds)]
-    paired = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-              f"{b}_faster_rounds": sum(ratio > 1 for ratio in ratios), "rounds": rounds}
-    print(f"median tok/s: {a} {median[a]:.1f}, {b} {median[b]:.1f}; paired {b}/{a} per round: median "
-          f"{paired['median']:.3f} (range {paired['min']:.3f}-{paired['max']:.3f}), {b} faster in "
-          f"{paired[f'{b}_faster_rounds']} of {rounds} rounds")
-    return rows, {"median_tok_per_s": median, f"paired_{b}_over_{a}": paired}
+                  f"{row['tok_per_s']:8.1f} {row['decode_tok_per_s']:12.1f}")
+    verdict = {}
+    for rate, label in (("tok_per_s", "tok/s"), ("decode_tok_per_s", "decode tok/s")):
+        prefix = "" if rate == "tok_per_s" else "decode_"
+        median = {v: statistics.median(r[rate] for r in rows if r[field] == v) for v in variants}
+        by_round = {(r["round"], r[field]): r[rate] for r in rows}
+        ratios = [by_round[i, b] / by_round[i, a] for i in range(rounds)]
+        paired = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                  f"{b}_faster_rounds": sum(ratio > 1 for ratio in ratios), "rounds": rounds}
+        print(f"median {label}: {a} {median[a]:.1f}, {b} {median[b]:.1f}; paired {b}/{a} per round: median "
+              f"{paired['median']:.3f} (range {paired['min']:.3f}-{paired['max']:.3f}), {b} faster in "
+              f"{paired[f'{b}_faster_rounds']} of {rounds} rounds")
+        verdict |= {f"median_{rate}": median, f"paired_{prefix}{b}_over_{a}": paired}
+    return rows, verdict
 
 
 def write_result(benchmark: str, workload: Workload, rows: list[dict], verdict: dict) -> None:

@@ -112,6 +112,9 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
         "other_crit_ms": _ms(totals["crit_ns"][other]),
         "stages": stages,
         "other_crit_share": share(totals["crit_ns"][other]),
+        # The GPU busy fraction of the step time: the critical path gives every nanosecond a GPU op
+        # runs to that op's owner, so what all owners got through running ops is the GPU's busy time.
+        "gpu_busy_share": share(totals["crit_gpu_ns"].sum()) if gpu_known else None,
         "step_ms": {"total": _ms(total_step_ns), **_distribution(step_ns)},
         "gpu_activity": gpu_known,
         "cuda_graphs": attribution.graphs.as_dict() if gpu_known else None,

@@ -70,7 +70,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 
 
 CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
-                     "recorded before the profiled part (CUDA only; default: off until verified on a GPU).")
+                     "recorded before the profiled part (default: on for DDTree on CUDA with one rank, off elsewhere).")
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
 
@@ -90,7 +90,8 @@ def capture(
                                                   f"(default: {serve_defaults.DEFAULT_MAX_NEW_TOKENS})."),
     seed: int = typer.Option(None, help=f"Workload seed (default: {serve_defaults.DEFAULT_SEED})."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP),
+    cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
+                                     show_default=False),
     ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
                                          "the report holds every rank's process (default: 1)."),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
@@ -365,7 +366,8 @@ def sweep(
                                                   f"{described('max_new_tokens')})."),
     seed: int = typer.Option(0, help="Workload seed (the same for every capture)."),
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP),
+    cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
+                                     show_default=False),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,

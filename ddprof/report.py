@@ -142,7 +142,9 @@ def breakdown_view(summary: dict) -> Group:
         (f"{summary['source']}\n", "bold"),
         f"{summary['steps']} steps · {_num(summary['tokens'], '{}')} tokens · {summary['wall_s']:.3f} s wall · "
         f"{rate} · ",
-        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)\n",
+        "bound by ", (summary["bound_by"], "bold red"), f" ({_pct(bound['crit_share'])} of step time)"
+        + ("" if summary["gpu_busy_share"] is None else f" · GPU busy {_pct(summary['gpu_busy_share'])} of step time")
+        + "\n",
         (f"tok/s = decode tokens / wall; the wall holds {_pct(summary['wall']['steps']['share'])} decode steps"
          + ("" if summary["wall"]["prefill"] is None else f", {_pct(summary['wall']['prefill']['share'])} prefill")
          + _graphs_line(summary["cuda_graphs"]), "dim"))

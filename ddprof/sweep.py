@@ -35,7 +35,7 @@ class Grid:
     workload: str = "chat"
     seed: int = 0
     batch_invariant: bool = True
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None  # None: the engine's default (on for DDTree on CUDA)
     out_dir: Path = field(default=Path("traces/sweep"))
 
     def __post_init__(self) -> None:

@@ -80,17 +80,22 @@ def add_batch_invariant(parser: argparse.ArgumentParser) -> None:
 
 def add_cuda_graphs(parser: argparse.ArgumentParser) -> None:
     """`--cuda-graphs / --no-cuda-graphs` (serve, generate; ddprof capture and sweep pass it on)."""
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                         help="run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
-                             "recorded before serving (CUDA only; default: off until verified on a GPU)")
+                             "recorded before serving (default: on for DDTree on CUDA with one rank, off elsewhere)")
 
 
-def cuda_graphs(on: bool, device: str, mode: str = "ddtree") -> None:
-    """--cuda-graphs where graphs cannot run: refused in one line before any model loads."""
+def cuda_graphs(on: bool | None, device: str, mode: str = "ddtree", ranks: int = 1) -> bool:
+    """Whether the engine records CUDA graphs: by default (None) wherever they can run (DDTree on
+    CUDA, one rank: the ranks' all-reduce inside a graph is not verified on a GPU yet); --cuda-graphs
+    where they cannot run is refused in one line before any model loads."""
+    if on is None:
+        return device == "cuda" and mode == "ddtree" and ranks == 1
     if on:
         from engine.cuda_graphs import require_graphable
 
         require_graphable(device, mode)
+    return on
 
 
 def add_dtype_option(parser) -> None:

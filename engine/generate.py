@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     _tree_options(args)
     arguments.temperature(args.temperature)
     args.device = arguments.device(args.device)
-    arguments.cuda_graphs(args.cuda_graphs, args.device, args.mode)
+    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, args.device, args.mode)
     if args.weights and args.random_weights:
         raise EngineError("--weights and --random-weights: choose one (a checkpoint, or seeded random weights)")
     set_batch_invariant(args.batch_invariant)

@@ -12,6 +12,7 @@ of admissions is a pure function of the requests and the engine's capacity.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class ServeResult:
     target_forwards: int = 0  # prefills + per-request decode steps
     steps: int = 0
     step_tokens: int = 0
+    # Host seconds inside the decode steps: a step returns its committed tokens, so it has waited for
+    # its GPU work; what serving spends on prefills and bookkeeping is the rest of the wall.
+    step_s: float = 0.0
 
     @property
     def generated_tokens(self) -> int:
@@ -68,7 +72,9 @@ def serve(engine, requests: Iterable[Request], concurrency: int, *, eos_id: int 
             engine.admit(request.request_id, request.prompt_tokens, request.max_new_tokens, eos_id=eos_id)
             admitted += 1
         if engine.active:
+            start = time.perf_counter()
             committed = engine.step()
+            result.step_s += time.perf_counter() - start
             result.steps += 1
             result.step_tokens += sum(len(tokens) for tokens in committed.values())
         elif not admitted:

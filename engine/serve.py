@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     arguments.output_file(args.progress, "--progress")
     config = preset(args.model)
     device = arguments.device(args.device)
-    arguments.cuda_graphs(args.cuda_graphs, device)
+    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device, ranks=ranks)
     from engine.ddtree import checked_tree_builder
     from engine.engine import rows_per_slot
 

@@ -43,6 +43,20 @@ def test_gpu_op_launched_in_one_stage_owns_time_in_the_next(tmp_path):
     assert stage(summary, "draft")["crit_share"] == pytest.approx(0.6)
     assert summary["other_crit_ms"] == pytest.approx(10 / 1e6)
     assert attribution.gpu_ops["stage"].to_list() == ["draft", "verify"]
+    assert summary["gpu_busy_share"] == pytest.approx(0.7)  # ops run [10, 80) of the 100 ns step
+
+
+def test_gpu_busy_share_counts_overlapping_ops_once_and_only_inside_steps(tmp_path):
+    export = Export()
+    for start in (0, 200):
+        export.range(STEP, start, start + 100)
+        export.range("verify", start, start + 100)
+    export.kernel(10, 50, launch=(1, 2))
+    export.kernel(30, 70, launch=(3, 4))     # overlaps the first: [10, 70) busy
+    export.kernel(150, 180, launch=(5, 6))   # between the steps: no step's time
+    export.kernel(250, 330, launch=(205, 206))  # runs past the second step's end: [250, 300) counts
+    _, summary = analyse(export, tmp_path)
+    assert summary["gpu_busy_share"] == pytest.approx((60 + 50) / 200)
 
 
 def test_earliest_launched_op_owns_overlap_even_if_it_started_running_later(tmp_path):

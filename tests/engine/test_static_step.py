@@ -151,10 +151,18 @@ def test_sweep_passes_cuda_graphs_to_every_capture():
     assert all(point.cuda_graphs for point in grid.points())
 
 
-def test_help_says_graphs_are_off_by_default():
+def test_help_says_graphs_are_on_by_default_on_cuda():
     for command in (["serve", "--help"], ["generate", "--help"]):
         done = run_engine(*command)
-        assert "--cuda-graphs" in done.stdout and "default: off" in " ".join(done.stdout.split())
+        assert "--cuda-graphs" in done.stdout and "default: on for DDTree on CUDA" in " ".join(done.stdout.split())
+
+
+def test_graphs_by_default_only_where_they_run():
+    from engine.arguments import cuda_graphs
+
+    assert cuda_graphs(None, "cuda") and cuda_graphs(None, "cuda", "ddtree", ranks=1)
+    assert not cuda_graphs(None, "cpu") and not cuda_graphs(None, "cuda", "ar") and not cuda_graphs(None, "cuda", ranks=2)
+    assert not cuda_graphs(False, "cuda")
 
 
 # --- CUDA: graphs on vs off, and no host wait inside a step -------------------------------------------

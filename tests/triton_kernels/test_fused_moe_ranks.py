@@ -10,17 +10,19 @@ from triton_kernels.fused_moe import combine_pairs, routed_pairs
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_path_takes_the_ranks_slice(world):
-    """The fused kernels (Triton's interpreter here) given one rank's stacked experts and the ids
-    relative to its first: other ranks' pairs stay zero; the ranks' outputs sum to the whole layer's."""
-    whole = moe_layer()
-    whole.stack_experts("cpu")
-    x = torch.randn(23, whole.gate.weight.shape[1])
+    """The fused kernels (on the GPU, or Triton's interpreter on the CPU) given one rank's stacked
+    experts and the ids relative to its first: other ranks' pairs stay zero; the ranks' outputs sum to
+    the whole layer's."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    whole = moe_layer().to(device)
+    whole.stack_experts(device)
+    x = torch.randn(23, whole.gate.weight.shape[1], device=device)
     weights, experts = whole.gate(x)
     full = routed_pairs(x, weights, experts, *whole.stacked())
     total = torch.zeros_like(full)
     for rank in range(world):
-        part = moe_layer(shard(rank, world))
-        part.stack_experts("cpu")
+        part = moe_layer(shard(rank, world)).to(device)
+        part.stack_experts(device)
         mine = routed_pairs(x, weights, experts - part.experts.ids[0], *part.stacked())
         held = (experts >= part.experts.ids[0]) & (experts <= part.experts.ids[-1])
         assert torch.all(mine[~held] == 0)
