@@ -1,11 +1,13 @@
 """A/B result files (benchmarks/serving_ab.py: builder_ab_*.json, moe_dispatch_ab_*.json,
-batch_invariant_ab_*.json) as evidence.
+batch_invariant_ab_*.json, cuda_graphs_ab_*.json) as evidence.
 
 A single capture of each builder cannot say whether a 1.2x tok/s gap is the builder or the host:
 single runs on the H200 host vary by up to 1.5x. A paired A/B can: each round runs both variants
 in the same minute, and the verdict is the median of the rounds' B/A ratios. This reads such a
 file, recomputes the ratios from its rows, and adds a bootstrap interval for their median (the
-file records only the median and the range).
+file records only the median and the range). Newer files also time the decode steps alone
+(`decode_tok_per_s`: prefill excluded), where a step-level change shows undiluted; those ratios
+are read beside the serving ones.
 """
 
 from __future__ import annotations
@@ -19,25 +21,22 @@ from pathlib import Path
 import numpy as np
 
 from ddprof.errors import DdprofError
+from ddprof.execution import check_cuda_graphs, execution_of
 
 BENCHMARKS = {"builder_ab": "builder", "moe_dispatch_ab": "dispatch",  # benchmark -> the field naming a row's variant
-              "batch_invariant_ab": "numerics"}
-VARIANT_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
-# The settings a capture pair must share with an A/B for the A/B to speak for it.
+              "batch_invariant_ab": "numerics", "cuda_graphs_ab": "execution"}
+VARIANT_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder", "graphs": "CUDA graphs"}
+# The settings a capture pair must share with an A/B for the A/B to speak for it (and its execution).
 MATCHED_SETTINGS = ("model", "workload", "concurrency", "budget")
+DECODE_RATE = "decode_tok_per_s"
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
 
 
 @dataclass(frozen=True)
-class ABResult:
-    """One paired A/B: per round, tok/s of variant b over variant a."""
+class PairedRatios:
+    """Per round, one rate of variant b over the same rate of variant a, in round order."""
 
-    source: Path
-    benchmark: str
-    a: str
-    b: str
-    settings: dict
     ratios: tuple[float, ...]
 
     @property
@@ -59,6 +58,20 @@ class ABResult:
         low, high = np.percentile(medians, [tail, 100 - tail])
         return float(low), float(high)
 
+
+@dataclass(frozen=True)
+class ABResult:
+    """One paired A/B: per round, tok/s of variant b over variant a, serving (wall) and, where the
+    file has them, decode steps alone."""
+
+    source: Path
+    benchmark: str
+    a: str
+    b: str
+    settings: dict
+    serving: PairedRatios
+    decode: PairedRatios | None  # None: a file from before decode steps were timed apart
+
     @property
     def compares_builders(self) -> bool:
         return self.benchmark == "builder_ab"
@@ -66,6 +79,11 @@ class ABResult:
     @property
     def on_gpu(self) -> bool:
         return self.settings.get("device") == "cuda"
+
+    @property
+    def execution(self) -> str | None:
+        """How both variants ran their steps (ddprof.execution); None for a cuda_graphs_ab, which compares the two."""
+        return None if self.benchmark == "cuda_graphs_ab" else execution_of(self.settings)
 
     def names(self) -> tuple[str, str]:
         """The variants as people call them: ("CPU heapq", "GPU builder"), ("per-expert", "sorted")."""
@@ -99,22 +117,34 @@ def read_ab(path: Path) -> ABResult:
     rows, settings = data.get("runs"), data.get("settings")
     if not isinstance(rows, list) or not rows or not isinstance(settings, dict):
         raise DdprofError(f"{path}: an A/B result needs `settings` (an object) and `runs` (a non-empty list)")
-    by_round: dict[int, dict[str, float]] = {}
+    check_cuda_graphs(settings, f"{path}: settings")
+    timed_decode = [isinstance(row, dict) and DECODE_RATE in row for row in rows]
+    if any(timed_decode) and not all(timed_decode):
+        raise DdprofError(f"{path}: run {timed_decode.index(False)} lacks `{DECODE_RATE}` that other runs have "
+                          "(every run times its decode steps, or none does)")
+    rate_keys = ("tok_per_s", DECODE_RATE) if all(timed_decode) else ("tok_per_s",)
+    by_round: dict[int, dict[str, tuple[float, ...]]] = {}
     for row in rows:
-        rate = row.get("tok_per_s") if isinstance(row, dict) else None
-        if (not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0
+        rates = [row.get(key) for key in rate_keys] if isinstance(row, dict) else [None]
+        if (not all(_positive(rate) for rate in rates)
                 or not isinstance(row.get("round"), int) or not isinstance(row.get(field), str)):
             raise DdprofError(f"{path}: every run needs `round` (a whole number), `{field}` (a string) and "
-                              f"`tok_per_s` (a positive number); found {row!r}")
-        by_round.setdefault(row["round"], {})[row[field]] = float(rate)
+                              f"{' and '.join(f'`{key}`' for key in rate_keys)} (a positive number); found {row!r}")
+        by_round.setdefault(row["round"], {})[row[field]] = tuple(float(rate) for rate in rates)
     variants = sorted({name for rates in by_round.values() for name in rates})
-    paired = [key for key in data if key.startswith("paired_") and "_over_" in key]
-    b, _, a = paired[0].removeprefix("paired_").partition("_over_") if paired else ("", "", "")
-    if len(variants) != 2 or {a, b} != set(variants):
+    verdicts = [(b, a) for b in variants for a in variants if b != a and f"paired_{b}_over_{a}" in data]
+    if len(variants) != 2 or len(verdicts) != 1:
         raise DdprofError(f"{path}: an A/B compares two {field}s named by its `paired_B_over_A` verdict; "
-                          f"found {', '.join(variants) or 'none'}")
+                          f"found {field}s {', '.join(variants) or 'none'} and "
+                          f"{len(verdicts)} such verdict{'' if len(verdicts) == 1 else 's'}")
+    (b, a), = verdicts
     incomplete = [round_ for round_, rates in by_round.items() if len(rates) != 2]
     if incomplete:
         raise DdprofError(f"{path}: round {incomplete[0]} lacks one of the two {field}s (rounds are paired)")
-    ratios = tuple(by_round[round_][b] / by_round[round_][a] for round_ in sorted(by_round))
-    return ABResult(path, data["benchmark"], a, b, settings, ratios)
+    paired = [PairedRatios(tuple(by_round[round_][b][i] / by_round[round_][a][i] for round_ in sorted(by_round)))
+              for i in range(len(rate_keys))]
+    return ABResult(path, data["benchmark"], a, b, settings, paired[0], paired[1] if len(paired) > 1 else None)
+
+
+def _positive(rate) -> bool:
+    return isinstance(rate, int | float) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0

@@ -2,17 +2,18 @@
 bounds the step?" with the evidence the page has, and no more.
 
 Per builder pair (runs that differ only in the builder), the measured tok/s ratio, and what kind of
-evidence it is: a paired A/B (an A/B result file of the same settings: the median ratio of its
-rounds and a 95% interval) or one capture of each, which is labelled as such (a single pair's gap
-can be host noise). Then A/B files that match no pair, the projection (a CPU-heapq run with the GPU
+evidence it is: a paired A/B (an A/B result file of the same settings and execution, CUDA graphs or
+eager: the median ratio of its rounds and a 95% interval, for serving and, where the file timed
+them, for the decode steps alone) or one capture of each, which is labelled as such (a single
+pair's gap can be host noise). Then A/B files that match no pair, the projection (a CPU-heapq run with the GPU
 builder's tree_build cost), and the stage that bounds the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ddprof.ab_results import MATCHED_SETTINGS, ABResult
+from ddprof.ab_results import MATCHED_SETTINGS, ABResult, PairedRatios
 from ddprof.analysis import stage_row
 from ddprof.dashboards.pairs import CPU, GPU, STAGE, builder_pairs, projection
 from ddprof.dashboards.runs import Run, varying_settings
@@ -32,25 +33,44 @@ def _listed(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _where(settings: dict, extra: Sequence[str] = ()) -> str:
-    """E.g. "small c=8", plus any other setting that tells pairs apart ("budget=32")."""
-    parts = [str(settings.get("model")), f"c={settings.get('concurrency')}"]
-    return " ".join(parts + [f"{key}={settings.get(key)}" for key in extra if key not in ("model", "concurrency")])
+def _where(setting: Callable[[str], object], extra: Sequence[str] = ()) -> str:
+    """E.g. "small c=8", plus any other setting that tells pairs apart ("budget=32", "eager")."""
+    parts = [str(setting("model")), f"c={setting('concurrency')}"]
+    return " ".join(parts + [str(setting(key)) if key == "execution" else f"{key}={setting(key)}"
+                             for key in extra if key not in ("model", "concurrency")])
+
+
+def _ab_where(ab: ABResult) -> str:
+    """E.g. "small c=64 (CUDA graphs)": an A/B that matches no pair says how it ran (a cuda_graphs_ab ran both ways)."""
+    where = _where(ab.settings.get)
+    return f"{where} ({ab.execution})" if ab.execution else where
+
+
+def _interval(paired: PairedRatios) -> str:
+    low, high = paired.ci
+    return f"95% CI {low:.2f}-{high:.2f}"
 
 
 def _paired(ab: ABResult) -> str:
-    low, high = ab.ci
-    return f"{ab.median:.2f}x, paired A/B of {ab.rounds} rounds, 95% CI {low:.2f}-{high:.2f} ({ab.source.name})"
+    """E.g. "1.01x, paired A/B of 8 rounds, 95% CI 1.00-1.03 (FILE)", or where the file timed decode
+    steps apart "serving 1.01x (paired A/B of 8 rounds, 95% CI 1.00-1.03), decode steps 1.20x (95% CI
+    1.19-1.22) (FILE)"."""
+    serving, rounds = ab.serving, f"paired A/B of {ab.serving.rounds} rounds"
+    if ab.decode is None:
+        return f"{serving.median:.2f}x, {rounds}, {_interval(serving)} ({ab.source.name})"
+    return (f"serving {serving.median:.2f}x ({rounds}, {_interval(serving)}), decode steps {ab.decode.median:.2f}x "
+            f"({_interval(ab.decode)}) ({ab.source.name})")
 
 
 def matching_ab(run: Run, evidence: Sequence[ABResult]) -> ABResult | None:
     """The builder A/B run with the pair's model, workload, concurrency and budget, on the same kind
-    of device (GPU or CPU)."""
+    of device (GPU or CPU) and the same way (CUDA graphs or eager)."""
     device = run.setting("device")
     if device is None:
         return None
     on_gpu = not str(device).startswith("cpu")
     return next((ab for ab in evidence if ab.compares_builders and ab.on_gpu == on_gpu
+                 and ab.execution == run.setting("execution")
                  and all(ab.settings.get(key) == run.setting(key) for key in MATCHED_SETTINGS)), None)
 
 
@@ -64,7 +84,7 @@ def _builder_clauses(runs: Sequence[Run], evidence: Sequence[ABResult]) -> tuple
     extra = varying_settings(runs)
     clauses, used = [], set()
     for run, donor in builder_pairs(runs, runs):
-        where, ratio = _where(run.meta, extra), _measured_ratio(run, donor)
+        where, ratio = _where(run.setting, extra), _measured_ratio(run, donor)
         single = "unknown (no tok/s)" if ratio is None else f"{ratio:.2f}x"
         ab = matching_ab(run, evidence)
         if donor.interpreted_gpu_builder:
@@ -86,7 +106,7 @@ def _projection_clauses(runs: Sequence[Run]) -> list[str]:
         projected, measured = projection(run, donor), run.summary["tok_per_s"]
         if donor.interpreted_gpu_builder or projected is None or not measured:
             continue
-        clauses.append(f"{_where(run.meta, extra)} {projected / measured - 1:+.1%} "
+        clauses.append(f"{_where(run.setting, extra)} {projected / measured - 1:+.1%} "
                        f"({STAGE} {crit_ms_per_step(run.summary, STAGE):.3g} -> "
                        f"{crit_ms_per_step(donor.summary, STAGE):.3g} ms per step)")
     return clauses
@@ -118,7 +138,7 @@ def _single_run_sentence(run: Run) -> str:
 def headline(runs: Sequence[Run], evidence: Sequence[ABResult] = ()) -> str:
     """The builder comparison (pairs, then A/B files that match no pair), the projection, what bounds the step."""
     clauses, used = _builder_clauses(runs, evidence)
-    clauses += [f"{_where(ab.settings)}: {_paired(ab)}" for ab in evidence
+    clauses += [f"{_ab_where(ab)}: {_paired(ab)}" for ab in evidence
                 if ab.compares_builders and id(ab) not in used]
     sentences = [f"{GPU} / {CPU} tok/s: {'; '.join(clauses)}."] if clauses else []
     projected = _projection_clauses(runs)
@@ -128,6 +148,6 @@ def headline(runs: Sequence[Run], evidence: Sequence[ABResult] = ()) -> str:
         if not ab.compares_builders:
             a, b = ab.names()
             sentences.append(f"{ab.benchmark.removesuffix('_ab').replace('_', ' ')}: {b} / {a} tok/s, "
-                             f"{_where(ab.settings)}: {_paired(ab)}.")
+                             f"{_ab_where(ab)}: {_paired(ab)}.")
     sentences.append(_single_run_sentence(runs[0]) if len(runs) == 1 else _bound_sentence(runs))
     return " ".join(sentences)

@@ -55,14 +55,14 @@ def _cell(value) -> str:
 
 
 def _runs_table(runs: Sequence[Run]) -> str:
-    header = ("run", "trace", "builder", "concurrency", "budget", "model", "workload", "steps", "tokens",
-              "decode tok/s", "bound by", "its share")
+    header = ("run", "trace", "builder", "execution", "concurrency", "budget", "model", "workload", "steps",
+              "tokens", "decode tok/s", "bound by", "its share")
     rows = []
     for run in runs:
         s = run.summary
-        cells = (run.label, run.source.name, run.builder, run.setting("concurrency"), run.setting("budget"),
-                 run.setting("model"), run.setting("workload"), s["steps"], s["tokens"], s["tok_per_s"],
-                 s["bound_by"], f"{bound_share(run) * 100:.1f}%")
+        cells = (run.label, run.source.name, run.builder, run.setting("execution"), run.setting("concurrency"),
+                 run.setting("budget"), run.setting("model"), run.setting("workload"), s["steps"], s["tokens"],
+                 s["tok_per_s"], s["bound_by"], f"{bound_share(run) * 100:.1f}%")
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'

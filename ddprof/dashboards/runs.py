@@ -18,6 +18,7 @@ import polars as pl
 
 from ddprof.attribution import Attribution
 from ddprof.errors import DdprofError
+from ddprof.execution import check_cuda_graphs, execution_of
 from ddprof.ranks import Ranked, analyse_rank, processes, side_by_side
 from ddprof.stage_map import StageMap
 from ddprof.wall import prefills
@@ -25,7 +26,8 @@ from ddprof.wall import prefills
 BUILDER_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 UNKNOWN = "unknown"
 # What a capture was asked to do (not what it measured); runs that agree on all but the builder are a pair.
-SETTINGS = ("model", "workload", "concurrency", "budget", "requests", "max_new_tokens", "seed")
+# `execution` is read from `cuda_graphs` (ddprof.execution): a graphed run pairs with a graphed run only.
+SETTINGS = ("model", "workload", "concurrency", "budget", "requests", "max_new_tokens", "seed", "execution")
 # The capture metadata the page reads, by the type it must have (null is allowed: unknown).
 _NUMBER_KEYS = ("concurrency", "budget", "requests", "max_new_tokens", "seed", "steps", "generated_tokens",
                 "wall_s", "tok_per_s")
@@ -48,7 +50,9 @@ class Run:
     ranked: Ranked | None = None  # that report's ranks side by side (shared by its runs)
 
     def setting(self, key: str):
-        return self.meta.get(key) if self.meta else None
+        if not self.meta:
+            return None
+        return execution_of(self.meta) if key == "execution" else self.meta.get(key)
 
     @property
     def builder(self) -> str:
@@ -105,6 +109,7 @@ def read_metadata(trace: Path) -> dict | None:
             if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)
                                       or isinstance(value, float) and not math.isfinite(value)):  # JSON has no NaN
                 raise DdprofError(f"{path}: capture metadata `{key}` must be {what} or null, not {value!r}")
+    check_cuda_graphs(meta, f"{path}: capture metadata")
     return meta
 
 
@@ -143,7 +148,8 @@ def labelled(runs: Sequence[Run]) -> list[Run]:
         if run.meta is None:
             labels.append(run.source.stem)
             continue
-        parts = [f"{_SHORT.get(key, key)}={run.setting(key)}" for key in varying]
+        parts = [str(run.setting(key)) if key == "execution" else f"{_SHORT.get(key, key)}={run.setting(key)}"
+                 for key in varying]
         labels.append(" · ".join([run.builder, *parts]))
     labels = [label if run.rank is None else f"{label} · rank {run.rank}" for run, label in zip(runs, labels)]
     # Where labels repeat, the file's name tells the runs apart; where even that repeats (same-named

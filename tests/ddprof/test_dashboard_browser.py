@@ -16,7 +16,7 @@ from ddprof.dashboards.page import FIGURES, write_dashboard
 from ddprof.dashboards.runs import load_runs
 from tests.ddprof import known_runs
 from tests.ddprof.browser import keep_artifact, open_page
-from tests.ddprof.test_dashboard_figures import write_ab
+from tests.ddprof.test_ab_results import write_ab
 
 
 # Per figure, the colour plotly drew each shown trace in (its full, defaulted data), by trace name.

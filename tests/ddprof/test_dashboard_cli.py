@@ -11,7 +11,7 @@ from plotly.offline import get_plotlyjs
 
 from ddprof.dashboards.page import FIGURES
 from tests.ddprof import known_runs
-from tests.ddprof.test_dashboard_figures import write_ab
+from tests.ddprof.test_ab_results import write_ab
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,13 +63,21 @@ def test_ab_result_files_are_evidence_the_headline_quotes(tmp_path):
     traces = [known_runs.write(tmp_path, "gpu"), known_runs.write(tmp_path, "cpu")]
     ab = write_ab(tmp_path / "builder_ab_tiny_c2.json", [1.0, 1.1, 0.9])
     moe = ROOT / "benchmarks" / "results" / "moe_dispatch_ab_small_c64.json"
-    done = ddprof("dashboard", *traces, ab, moe, "--out", tmp_path / "x.html", "--json")
+    graphs = ROOT / "benchmarks" / "results" / "cuda_graphs_ab_small_c64.json"
+    done = ddprof("dashboard", *traces, ab, moe, graphs, "--out", tmp_path / "x.html", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert [(a["benchmark"], a["b_over_a"], a["rounds"]) for a in result["ab_results"]] == [
-        ("builder_ab", "gpu/cpu", 3), ("moe_dispatch_ab", "sorted/per-expert", 8)]
+    assert [(a["benchmark"], a["b_over_a"], a["execution"], a["rounds"]) for a in result["ab_results"]] == [
+        ("builder_ab", "gpu/cpu", "eager", 3), ("moe_dispatch_ab", "sorted/per-expert", "eager", 8),
+        ("cuda_graphs_ab", "graphs/eager", None, 6)]
+    assert [a["decode_median_ratio"] is None for a in result["ab_results"]] == [True, True, False]
+    decode = json.loads(graphs.read_text())["paired_decode_graphs_over_eager"]["median"]
+    assert result["ab_results"][2]["decode_median_ratio"] == decode
+    assert result["ab_results"][2]["decode_ci95"][0] <= decode <= result["ab_results"][2]["decode_ci95"][1]
+    assert "cuda graphs: CUDA graphs / eager tok/s, small c=64: serving 1.34x" in result["headline"]
+    assert [r["execution"] for r in result["runs"]] == ["eager", "eager"]
     assert "tiny c=2: 1.00x, paired A/B of 3 rounds" in result["headline"]
-    assert "moe dispatch: sorted / per-expert tok/s, small c=64: 1.12x, paired A/B of 8 rounds" in result["headline"]
+    assert "moe dispatch: sorted / per-expert tok/s, small c=64 (eager): 1.12x, paired A/B of 8 rounds" in result["headline"]
     assert [r["label"] for r in result["runs"]] == ["CPU heapq", "GPU builder"]  # A/B files are not runs
     done = ddprof("dashboard", ab, "--out", tmp_path / "y.html")
     assert done.returncode == 2 and "no traces given" in done.stderr and done.stderr.count("\n") == 1

@@ -27,6 +27,7 @@ from engine.stages import STAGES
 from engine.stages import TOKENS_MARK
 from tests.ddprof import known_runs
 from tests.ddprof.exports import Export
+from tests.ddprof.test_ab_results import write_ab
 from tests.ddprof.test_graphs import handed_over
 from tests.ddprof.known_runs import KERNEL, KERNEL_NAME, SHARES, STEP, STEPS, TOKENS_PER_STEP, U
 
@@ -303,21 +304,10 @@ def test_headline_answers_with_the_pairs_ratio_the_projection_and_the_bounding_s
     assert text.count("tree_build bounds") == 1 and text.count("verify bounds") == 1
 
 
-def write_ab(path, ratios, **settings):
-    """An A/B result file as benchmarks/serving_ab.py writes it, with these paired GPU/CPU ratios."""
-    rows = [row for round_, ratio in enumerate(ratios) for row in (
-        {"round": round_, "builder": "cpu", "tokens": 10, "steps": 5, "wall_s": 1.0, "tok_per_s": 100.0},
-        {"round": round_, "builder": "gpu", "tokens": 10, "steps": 5, "wall_s": 1 / ratio, "tok_per_s": 100.0 * ratio})]
-    path.write_text(json.dumps({"benchmark": "builder_ab", "machine": {}, "settings": {
-        "model": "tiny", "workload": "chat", "concurrency": 2, "budget": 8, "device": "cuda", **settings},
-        "runs": rows, "paired_gpu_over_cpu": {}}))
-    return path
-
-
 def test_a_matching_ab_replaces_the_single_capture_verdict(pair, tmp_path):
     ab = read_ab(write_ab(tmp_path / "builder_ab_tiny.json", [1.0, 1.1, 0.9, 1.05, 0.95]))
-    assert ab.median == pytest.approx(1.0) and ab.rounds == 5
-    low, high = ab.ci
+    assert ab.serving.median == pytest.approx(1.0) and ab.serving.rounds == 5 and ab.decode is None
+    low, high = ab.serving.ci
     assert 0.9 <= low < 1.0 < high <= 1.1
     text = headline(pair, [ab])
     assert text.startswith(f"GPU builder / CPU heapq tok/s: tiny c=2: 1.00x, paired A/B of 5 rounds, 95% CI "
@@ -326,7 +316,63 @@ def test_a_matching_ab_replaces_the_single_capture_verdict(pair, tmp_path):
     # An A/B of other settings speaks for no pair: its own clause, the pair stays a single capture.
     other = read_ab(write_ab(tmp_path / "builder_ab_c64.json", [1.2] * 3, concurrency=64))
     text = headline(pair, [other])
-    assert f"{SINGLE}; tiny c=64: 1.20x, paired A/B of 3 rounds, 95% CI 1.20-1.20 (builder_ab_c64.json)." in text
+    assert f"{SINGLE}; tiny c=64 (eager): 1.20x, paired A/B of 3 rounds, 95% CI 1.20-1.20 (builder_ab_c64.json)." in text
+
+
+def test_an_ab_that_timed_decode_steps_is_quoted_for_serving_and_decode(pair, tmp_path):
+    ab = read_ab(write_ab(tmp_path / "builder_ab_tiny.json", [1.0, 1.02, 0.98], decode_ratios=[1.2, 1.25, 1.15]))
+    (low, high), (decode_low, decode_high) = ab.serving.ci, ab.decode.ci
+    assert decode_low > high  # the decode steps' gain, undiluted by prefill, stands clear of serving's
+    assert headline(pair, [ab]).startswith(
+        f"GPU builder / CPU heapq tok/s: tiny c=2: serving 1.00x (paired A/B of 3 rounds, 95% CI {low:.2f}-{high:.2f}), "
+        f"decode steps 1.20x (95% CI {decode_low:.2f}-{decode_high:.2f}) (builder_ab_tiny.json); "
+        "this page's single captures: 1.00x. ")
+
+
+def test_a_cuda_graphs_ab_is_its_own_sentence(pair):
+    ab = read_ab(ROOT / "benchmarks" / "results" / "cuda_graphs_ab_small_c64.json")
+    (low, high), (decode_low, decode_high) = ab.serving.ci, ab.decode.ci
+    sentence = (f"cuda graphs: CUDA graphs / eager tok/s, small c=64: serving {ab.serving.median:.2f}x (paired A/B of "
+                f"6 rounds, 95% CI {low:.2f}-{high:.2f}), decode steps {ab.decode.median:.2f}x (95% CI "
+                f"{decode_low:.2f}-{decode_high:.2f}) (cuda_graphs_ab_small_c64.json).")
+    text = headline(pair, [ab])
+    assert sentence in text and text.startswith(f"GPU builder / CPU heapq tok/s: {SINGLE}. ")  # no builder pair's A/B
+
+
+GRAPHED, EAGER = {"cuda_graphs": True}, {"cuda_graphs": False}
+
+
+@pytest.mark.parametrize("run_meta, ab_settings, matched", [
+    (GRAPHED, {"cuda_graphs": True}, True),
+    (GRAPHED, {"cuda_graphs": False}, False),
+    (GRAPHED, {}, False),  # an A/B file without cuda_graphs ran eager (before graphs existed)
+    ({}, {"cuda_graphs": True}, False),  # so did a capture without it
+    ({}, {}, True),
+    (EAGER, {}, True),
+    ({"cuda_graphs": None}, {"cuda_graphs": False}, True),
+])
+def test_an_ab_speaks_for_a_pair_only_if_both_ran_the_same_way(tmp_path, run_meta, ab_settings, matched):
+    runs = load_runs([known_runs.write(tmp_path, builder, meta=run_meta) for builder in ("cpu", "gpu")])
+    ab = read_ab(write_ab(tmp_path / "builder_ab_tiny.json", [1.3] * 3, **ab_settings))
+    text = headline(runs, [ab])
+    assert ("tiny c=2: 1.30x, paired A/B" in text) is matched
+    assert (f"{SINGLE}; tiny c=2 ({ab.execution}): 1.30x, paired A/B" in text) is not matched
+
+
+def test_graphed_and_eager_runs_pair_within_their_execution(tmp_path):
+    paths = [known_runs.write(tmp_path, builder, name=f"{builder}-{name}", meta=meta)
+             for name, meta in (("graphs", GRAPHED), ("eager", EAGER)) for builder in ("cpu", "gpu")]
+    runs = load_runs(paths)
+    assert [run.label for run in runs] == ["CPU heapq · CUDA graphs", "GPU builder · CUDA graphs",
+                                           "CPU heapq · eager", "GPU builder · eager"]
+    graphed = read_ab(write_ab(tmp_path / "builder_ab_graphs.json", [1.3] * 3, cuda_graphs=True))
+    eager = read_ab(write_ab(tmp_path / "builder_ab_eager.json", [0.9] * 3))
+    text = headline(runs, [eager, graphed])
+    assert text.startswith("GPU builder / CPU heapq tok/s: tiny c=2 CUDA graphs: 1.30x, paired A/B of 3 rounds, 95% CI "
+                           "1.30-1.30 (builder_ab_graphs.json); this page's single captures: 1.00x; tiny c=2 eager: "
+                           "0.90x, paired A/B of 3 rounds, 95% CI 0.90-0.90 (builder_ab_eager.json); ")
+    # One graphed CPU run and one eager GPU run of the same settings are no builder pair.
+    assert "from single captures" not in headline(load_runs([paths[0], paths[3]]))
 
 
 def test_interpreted_pairs_say_so_and_project_nothing(tmp_path):
@@ -335,32 +381,6 @@ def test_interpreted_pairs_say_so_and_project_nothing(tmp_path):
     text = headline(runs)
     assert "with the GPU builder in Triton's interpreter (a CPU capture: says nothing about a GPU)" in text
     assert "Projected" not in text
-
-
-def test_the_committed_ab_files_read_as_their_verdicts():
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*_ab_*.json")):
-        ab, data = read_ab(path), json.loads(path.read_text())
-        verdict = data[f"paired_{ab.b}_over_{ab.a}"]
-        assert ab.median == pytest.approx(verdict["median"], rel=1e-12) and ab.rounds == verdict["rounds"]
-        assert min(ab.ratios) == pytest.approx(verdict["min"]) and max(ab.ratios) == pytest.approx(verdict["max"])
-        assert verdict["min"] <= ab.ci[0] <= ab.median <= ab.ci[1] <= verdict["max"]
-
-
-@pytest.mark.parametrize("content, problem", [
-    ("{not json", "unreadable A/B result"),
-    ('{"benchmark": "nvtx_overhead"}', "not an A/B result file"),
-    ('{"benchmark": "builder_ab", "settings": {}, "runs": []}', "needs `settings` (an object) and `runs`"),
-    ('{"benchmark": "builder_ab", "settings": {}, "runs": [{"round": 0, "builder": "cpu", "tok_per_s": -1}]}',
-     "`tok_per_s` (a positive number)"),
-    ('{"benchmark": "builder_ab", "settings": {}, "paired_gpu_over_cpu": {}, "runs": [{"round": 0, "builder": "cpu", '
-     '"tok_per_s": 1}, {"round": 0, "builder": "gpu", "tok_per_s": 1}, {"round": 1, "builder": "gpu", "tok_per_s": 1}]}',
-     "round 1 lacks one of the two builders"),
-])
-def test_a_bad_ab_file_is_one_line_naming_it(tmp_path, content, problem):
-    path = tmp_path / "ab.json"
-    path.write_text(content)
-    with pytest.raises(DdprofError, match=f"^{path}: .*{re.escape(problem)}"):
-        read_ab(path)
 
 
 def test_same_stage_everywhere_says_every_run(tmp_path):
@@ -396,7 +416,8 @@ def test_unreadable_metadata_is_a_one_line_error_naming_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, kind", [("tok_per_s", "fast", "a number"), ("concurrency", True, "a number"),
-                                                ("concurrency", float("nan"), "a number"), ("builder", ["cpu"], "a string")])
+                                                ("concurrency", float("nan"), "a number"), ("builder", ["cpu"], "a string"),
+                                                ("cuda_graphs", "yes", "true, false"), ("cuda_graphs", 1, "true, false")])
 def test_metadata_of_the_wrong_type_is_a_one_line_error(tmp_path, field, value, kind):
     path = known_runs.write(tmp_path, "cpu")
     meta = json.loads(path.with_suffix(".json").read_text())
