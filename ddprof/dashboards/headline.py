@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ddprof.ab_results import MATCHED_SETTINGS, ABResult, PairedRatios
+from ddprof.ab_results import MATCHED_SETTINGS, VARIANT_NAMES, ABResult, PairedRatios
 from ddprof.analysis import stage_row
 from ddprof.dashboards.pairs import CPU, GPU, STAGE, builder_pairs, projection
 from ddprof.dashboards.runs import Run, varying_settings
@@ -41,9 +41,17 @@ def _where(setting: Callable[[str], object], extra: Sequence[str] = ()) -> str:
 
 
 def _ab_where(ab: ABResult) -> str:
-    """E.g. "small c=64 (CUDA graphs)": an A/B that matches no pair says how it ran (a cuda_graphs_ab ran both ways)."""
-    where = _where(ab.settings.get)
-    return f"{where} ({ab.execution})" if ab.execution else where
+    """E.g. "small c=64 (GPU builder, CUDA graphs)": an A/B that matches no pair says how it ran, with
+    which builder where it held the builder fixed (a cuda_graphs_ab ran both ways: no execution)."""
+    builder = ab.settings.get("builder") if not ab.compares_builders else None
+    how = [VARIANT_NAMES.get(builder, builder)] if isinstance(builder, str) else []
+    how += [ab.execution] if ab.execution else []
+    return f"{_where(ab.settings.get)} ({', '.join(how)})" if how else _where(ab.settings.get)
+
+
+def _topic(ab: ABResult) -> str:
+    """What a non-builder A/B varies, by its benchmark's name ("moe dispatch"); a cuda_graphs_ab's is its execution."""
+    return "execution" if ab.benchmark == "cuda_graphs_ab" else ab.benchmark.removesuffix("_ab").replace("_", " ")
 
 
 def _interval(paired: PairedRatios) -> str:
@@ -147,7 +155,7 @@ def headline(runs: Sequence[Run], evidence: Sequence[ABResult] = ()) -> str:
     for ab in evidence:
         if not ab.compares_builders:
             a, b = ab.names()
-            sentences.append(f"{ab.benchmark.removesuffix('_ab').replace('_', ' ')}: {b} / {a} tok/s, "
+            sentences.append(f"{_topic(ab)}: {b} / {a} tok/s, "
                              f"{_ab_where(ab)}: {_paired(ab)}.")
     sentences.append(_single_run_sentence(runs[0]) if len(runs) == 1 else _bound_sentence(runs))
     return " ".join(sentences)

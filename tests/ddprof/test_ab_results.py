@@ -61,12 +61,14 @@ def test_graphs_ab_and_builder_ab_name_their_variants_and_execution():
     assert older.execution == "eager" and older.decode is None
 
 
-def test_the_serving_verdict_is_picked_by_name_not_by_order(tmp_path):
-    # paired_decode_gpu_over_cpu comes first in the file; the verdict that names the variants is paired_gpu_over_cpu.
-    path = write_ab(tmp_path / "ab.json", [1.0, 1.1, 1.2], decode_ratios=[1.5, 1.6, 1.7])
-    assert next(key for key in json.loads(path.read_text()) if key.startswith("paired_")) == "paired_decode_gpu_over_cpu"
+@pytest.mark.parametrize("benchmark", VARIANTS)
+def test_the_serving_verdict_is_picked_by_name_not_by_order(tmp_path, benchmark):
+    # paired_decode_B_over_A comes first in the file; the verdict that names the variants is paired_B_over_A.
+    path = write_ab(tmp_path / "ab.json", [1.0, 1.1, 1.2], decode_ratios=[1.5, 1.6, 1.7], benchmark=benchmark)
+    _, a, b = VARIANTS[benchmark]
+    assert next(key for key in json.loads(path.read_text()) if key.startswith("paired_")) == f"paired_decode_{b}_over_{a}"
     ab = read_ab(path)
-    assert (ab.a, ab.b) == ("cpu", "gpu")
+    assert (ab.benchmark, ab.a, ab.b) == (benchmark, a, b)
     assert ab.serving.ratios == pytest.approx((1.0, 1.1, 1.2)) and ab.decode.ratios == pytest.approx((1.5, 1.6, 1.7))
     assert ab.decode.median == pytest.approx(1.6) and ab.decode.ci[0] <= 1.6 <= ab.decode.ci[1]
 

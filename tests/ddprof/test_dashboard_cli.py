@@ -74,10 +74,10 @@ def test_ab_result_files_are_evidence_the_headline_quotes(tmp_path):
     decode = json.loads(graphs.read_text())["paired_decode_graphs_over_eager"]["median"]
     assert result["ab_results"][2]["decode_median_ratio"] == decode
     assert result["ab_results"][2]["decode_ci95"][0] <= decode <= result["ab_results"][2]["decode_ci95"][1]
-    assert "cuda graphs: CUDA graphs / eager tok/s, small c=64: serving 1.34x" in result["headline"]
+    assert "execution: CUDA graphs / eager tok/s, small c=64 (GPU builder): serving 1.34x" in result["headline"]
     assert [r["execution"] for r in result["runs"]] == ["eager", "eager"]
     assert "tiny c=2: 1.00x, paired A/B of 3 rounds" in result["headline"]
-    assert "moe dispatch: sorted / per-expert tok/s, small c=64 (eager): 1.12x, paired A/B of 8 rounds" in result["headline"]
+    assert "moe dispatch: sorted / per-expert tok/s, small c=64 (GPU builder, eager): 1.12x, paired A/B of 8 rounds" in result["headline"]
     assert [r["label"] for r in result["runs"]] == ["CPU heapq", "GPU builder"]  # A/B files are not runs
     done = ddprof("dashboard", ab, "--out", tmp_path / "y.html")
     assert done.returncode == 2 and "no traces given" in done.stderr and done.stderr.count("\n") == 1

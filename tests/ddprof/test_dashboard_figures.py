@@ -332,7 +332,7 @@ def test_an_ab_that_timed_decode_steps_is_quoted_for_serving_and_decode(pair, tm
 def test_a_cuda_graphs_ab_is_its_own_sentence(pair):
     ab = read_ab(ROOT / "benchmarks" / "results" / "cuda_graphs_ab_small_c64.json")
     (low, high), (decode_low, decode_high) = ab.serving.ci, ab.decode.ci
-    sentence = (f"cuda graphs: CUDA graphs / eager tok/s, small c=64: serving {ab.serving.median:.2f}x (paired A/B of "
+    sentence = (f"execution: CUDA graphs / eager tok/s, small c=64 (GPU builder): serving {ab.serving.median:.2f}x (paired A/B of "
                 f"6 rounds, 95% CI {low:.2f}-{high:.2f}), decode steps {ab.decode.median:.2f}x (95% CI "
                 f"{decode_low:.2f}-{decode_high:.2f}) (cuda_graphs_ab_small_c64.json).")
     text = headline(pair, [ab])
