@@ -21,7 +21,7 @@ import numpy as np
 from ddprof.errors import DdprofError
 
 BENCHMARKS = {"builder_ab": "builder", "moe_dispatch_ab": "dispatch",  # benchmark -> the field naming a row's variant
-              "batch_invariant_ab": "numerics"}
+              "batch_invariant_ab": "numerics", "cuda_graphs_ab": "execution"}
 VARIANT_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder"}
 # The settings a capture pair must share with an A/B for the A/B to speak for it.
 MATCHED_SETTINGS = ("model", "workload", "concurrency", "budget")
