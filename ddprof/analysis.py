@@ -17,6 +17,7 @@ import polars as pl
 from ddprof.attribution import OTHER, OWNERS, PER_STEP_COLUMNS, Attribution
 from ddprof.atomic import atomic_paths
 from ddprof.errors import DdprofError
+from ddprof.intervals import covered_length, union
 from ddprof.load import Trace
 from ddprof.stage_map import StageMap
 from engine.stages import STAGES, STEP
@@ -38,6 +39,18 @@ def _distribution(values_ns: np.ndarray) -> dict[str, float]:
 
 def _tok_per_s(tokens: int | None, wall_ns: float) -> float | None:
     return tokens / (wall_ns / 1e9) if tokens is not None and wall_ns > 0 else None
+
+
+def _gpu_busy_ns(attribution: Attribution) -> int:
+    """Step time during which some GPU op of the step's process runs, whoever launched it. (Not the
+    critical path's GPU time: an op launched in a step outside every stage range, as the graphed
+    engine's copy and kernel before draft are, owns no critical-path time, yet the GPU is busy.)"""
+    busy = 0
+    for (pid,), steps in attribution.steps.group_by("pid"):
+        ops = attribution.gpu_ops.filter(pl.col("pid") == pid)
+        pieces = union(ops["start"].to_numpy(), ops["end"].to_numpy())
+        busy += int(covered_length(*pieces, steps["start"].to_numpy(), steps["end"].to_numpy()).sum())
+    return busy
 
 
 def require_stage_ranges(attribution: Attribution, stage_map: StageMap | None = None) -> None:
@@ -112,9 +125,7 @@ def breakdown(attribution: Attribution, stage_map: StageMap | None = None) -> di
         "other_crit_ms": _ms(totals["crit_ns"][other]),
         "stages": stages,
         "other_crit_share": share(totals["crit_ns"][other]),
-        # The GPU busy fraction of the step time: the critical path gives every nanosecond a GPU op
-        # runs to that op's owner, so what all owners got through running ops is the GPU's busy time.
-        "gpu_busy_share": share(totals["crit_gpu_ns"].sum()) if gpu_known else None,
+        "gpu_busy_share": share(_gpu_busy_ns(attribution)) if gpu_known else None,
         "step_ms": {"total": _ms(total_step_ns), **_distribution(step_ns)},
         "gpu_activity": gpu_known,
         "cuda_graphs": attribution.graphs.as_dict() if gpu_known else None,

@@ -59,6 +59,19 @@ def test_gpu_busy_share_counts_overlapping_ops_once_and_only_inside_steps(tmp_pa
     assert summary["gpu_busy_share"] == pytest.approx((60 + 50) / 200)
 
 
+def test_gpu_busy_share_counts_ops_launched_outside_every_stage_range(tmp_path):
+    """The critical path gives such an op's time to the host (here `other`), not to a GPU op; the GPU
+    is busy all the same (in the real graph export: a copy and a kernel before each step's draft)."""
+    export = Export()
+    export.range(STEP, 0, 100)
+    export.range("draft", 40, 100)
+    export.kernel(20, 30, launch=(5, 6))  # launched before draft's range
+    export.kernel(50, 60, launch=(45, 46))
+    attribution, summary = analyse(export, tmp_path)
+    assert totals(attribution, "crit_gpu_ns") == {**ZERO, "draft": 10}
+    assert summary["gpu_busy_share"] == pytest.approx(20 / 100)
+
+
 def test_earliest_launched_op_owns_overlap_even_if_it_started_running_later(tmp_path):
     export = Export()
     export.range(STEP, 0, 100)

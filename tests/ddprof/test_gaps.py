@@ -11,6 +11,7 @@ from ddprof.pipeline import analyse
 from engine.stages import STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
 from tests.ddprof.test_breakdown_cli import ddprof
+from tests.ddprof.test_attribution_reference import pieces, random_export
 from tests.ddprof.test_graphs import CASES, running_ahead
 
 H200_EXPORT = Path(__file__).resolve().parents[1] / "data" / "h200_nsys2025_small_gpu_builder.sqlite"
@@ -134,14 +135,16 @@ def test_dropped_ranges_are_counted_in_the_output(tmp_path):
 
 def brute_force(trace, attribution, min_ns: int) -> tuple[dict, list[int]]:
     """Per stage (in-call ns, outside ns, gaps >= min_ns, their ns) and the sorted gap lengths,
-    walking every ns of every thread: the innermost range (latest start, then earliest end) owns it."""
+    walking every ns of every thread (a piece at a time): the innermost range (latest start, then
+    earliest end) owns it."""
     per_stage = {stage: [0, 0, 0, 0] for stage in STAGES}
     lengths = []
     for (pid, tid), ranges in attribution.stage_ranges.group_by("pid", "tid"):
         mine = ranges.rows(named=True)
         calls = trace.runtime.filter((trace.runtime["pid"] == pid) & (trace.runtime["tid"] == tid)).rows(named=True)
         run = None  # (stage, step, length) of the gap being walked
-        for t in range(min(r["start"] for r in mine), max(r["end"] for r in mine) + 1):
+        bounds = [x for r in (*mine, *calls) for x in (r["start"], r["end"])]
+        for t, n in pieces(min(r["start"] for r in mine), max(r["end"] for r in mine) + 1, bounds):
             covering = [r for r in mine if r["start"] <= t < r["end"]]
             owner = max(covering, key=lambda r: (r["start"], -r["end"])) if covering else None
             outside = owner is not None and not any(c["start"] <= t < c["end"] for c in calls)
@@ -153,16 +156,14 @@ def brute_force(trace, attribution, min_ns: int) -> tuple[dict, list[int]]:
                     per_stage[run[0]][3] += run[2]
                 run = None
             if owner is not None:
-                per_stage[owner["stage"]][1 if outside else 0] += 1
+                per_stage[owner["stage"]][1 if outside else 0] += n
             if outside:
-                run = (*key, run[2] + 1) if run else (*key, 1)
+                run = (*key, run[2] + n) if run else (*key, n)
     return per_stage, sorted(lengths, reverse=True)
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_matches_brute_force_on_random_exports(seed, tmp_path):
-    from tests.ddprof.test_attribution_reference import random_export
-
     rng = np.random.default_rng(seed)
     path = random_export(rng, "2025.3" if seed % 2 else "2022.4").write(tmp_path / "random.sqlite")
     trace, attribution, _ = analyse(path, drop_incomplete=True)  # stage ranges across a step's bounds
