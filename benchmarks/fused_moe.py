@@ -18,7 +18,7 @@ up; >= 10x the loop at 544 tokens; no slower than torch._grouped_mm where it run
 ratio to the best candidate over those counts is smallest; the table then runs with the two picks.
 The picks and every time tried are written into the result file (its "tuned" block): that is where
 `triton_kernels.fused_moe.TUNED` comes from (the run prints the lines to paste; a test checks that
-they agree). On the H200 the whole run takes about three minutes.
+they agree). The run prints each candidate's seconds and its own total.
 
     python3 benchmarks/fused_moe.py [--tune] [--out FILE]
 """
