@@ -12,9 +12,13 @@ wait for its group sizes included) and for the variants a CUDA graph can hold, G
 measured in the same run, TFLOP/s. Goals (issue 20): >= 75% of the copy bandwidth from 136 tokens
 up; >= 10x the loop at 544 tokens; no slower than torch._grouped_mm where it runs.
 
-`--tune` first times CANDIDATES at 1, 136 and 1,088 tokens and runs the table with the tiling whose
-worst time relative to the best candidate is smallest (written into the result file: where the
-bf16 tiling of `triton_kernels.fused_moe.moe_tiles` comes from).
+`--tune` first tunes each projection on its own: every candidate tiling of the gate+up GEMM
+(GATE_UP_CANDIDATES) and of the down GEMM (DOWN_CANDIDATES) is timed alone (GPU time, cold L2, as
+`graph_us`) at 1, 136, 544 and 1,088 tokens, and each projection takes the candidate whose worst
+ratio to the best candidate over those counts is smallest; the table then runs with the two picks.
+The picks and every time tried are written into the result file (its "tuned" block): that is where
+`triton_kernels.fused_moe.TUNED` comes from (the run prints the lines to paste; a test checks that
+they agree). The run prints each candidate's seconds and its own total.
 
     python3 benchmarks/fused_moe.py [--tune] [--out FILE]
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,14 +41,23 @@ from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
 from engine.config import preset  # noqa: E402
 from engine.model import MoE, init_random, materialize  # noqa: E402
-from triton_kernels.fused_moe import MoeTiles, fused_moe, moe_tiles  # noqa: E402
+from triton_kernels.fused_moe import (MoeConfig, MoeTiles, down_projection, fused_moe, gate_up_projection,  # noqa: E402
+                                      moe_config, route_to_blocks)
 
 CONFIG = dataclasses.replace(preset("k2-layer").model)
 TOKENS = [1, 8, 17, 64, 136, 544, 1088]
-TUNE_TOKENS = [1, 136, 1088]
-CANDIDATES = [MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 128, 128, 4, 4), MoeTiles(32, 64, 128, 4, 4),
-              MoeTiles(32, 128, 64, 4, 4), MoeTiles(64, 64, 64, 4, 4), MoeTiles(64, 128, 64, 4, 3),
-              MoeTiles(16, 64, 256, 4, 3), MoeTiles(32, 64, 128, 8, 4)]
+TUNE_TOKENS = [1, 136, 544, 1088]
+# Candidates that fit an H200's 227 KB of shared memory per block: stages x (block_m x block_k + the
+# weight tiles: two of block_k x block_n for gate+up, one for down) x 2 bytes. Gate+up holds two
+# accumulators, so its block_n stops at 128; at 1,088 tokens an expert in use gets ~56 rows.
+GATE_UP_CANDIDATES = [MoeTiles(64, 64, 64, 4, 4), MoeTiles(64, 64, 64, 4, 5), MoeTiles(64, 64, 128, 4, 3),
+                      MoeTiles(64, 64, 128, 4, 4), MoeTiles(64, 64, 128, 8, 4), MoeTiles(64, 128, 64, 4, 3),
+                      MoeTiles(64, 128, 64, 8, 3), MoeTiles(64, 128, 64, 8, 4), MoeTiles(32, 64, 128, 4, 4),
+                      MoeTiles(32, 128, 64, 4, 4), MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 128, 128, 4, 3)]
+DOWN_CANDIDATES = [MoeTiles(64, 64, 64, 4, 4), MoeTiles(64, 64, 128, 4, 4), MoeTiles(64, 128, 64, 4, 3),
+                   MoeTiles(64, 128, 64, 4, 4), MoeTiles(64, 128, 64, 8, 4), MoeTiles(64, 128, 128, 8, 3),
+                   MoeTiles(64, 256, 64, 8, 3), MoeTiles(64, 256, 64, 8, 4), MoeTiles(32, 128, 64, 4, 4),
+                   MoeTiles(32, 64, 128, 4, 4), MoeTiles(16, 64, 128, 4, 4), MoeTiles(16, 128, 128, 4, 3)]
 
 
 def k2_moe_layer() -> MoE:
@@ -77,28 +91,63 @@ def timed(fn, graphable: bool) -> dict:
     return {"eager_us": eager, "graph_us": bench(fn) * 1e3 if graphable else None}
 
 
-def tune(moe: MoE, cases: dict[int, tuple]) -> tuple[MoeTiles, list[dict]]:
+def tune(moe: MoE, cases: dict[int, tuple]) -> tuple[MoeConfig, dict]:
+    """Each projection's pick (see the docstring; printed as TUNED's lines), with everything tried.
+    Each GEMM runs alone on the routing its own block_m gives (in the fused call the GEMM with the
+    smaller block_m walks the larger one's layout in sub-tiles, skipping those of padding alone: the
+    same work, a few empty programs). The down GEMM reads random h: its time does not depend on it."""
     w13, w2 = moe.stacked()
-    times = {}
-    for tiles in CANDIDATES:
+    block_ms = {t.block_m for t in GATE_UP_CANDIDATES + DOWN_CANDIDATES}
+    routing = {(n, m): route_to_blocks(cases[n][2], w13.shape[0], m) for n in TUNE_TOKENS for m in block_ms}
+    h = {key: torch.randn(r.row_pair.shape[0], w2.shape[2], device="cuda").to(w2.dtype) for key, r in routing.items()}
+
+    def gate_up(tiles: MoeTiles, n: int):
+        return lambda: gate_up_projection(cases[n][0], routing[n, tiles.block_m], w13, tiles)
+
+    def down(tiles: MoeTiles, n: int):
+        return lambda: down_projection(h[n, tiles.block_m], cases[n][1], routing[n, tiles.block_m], w2, tiles)
+
+    gate_up_tiles, gate_up_tuned = pick("gate_up", w13, GATE_UP_CANDIDATES, gate_up)
+    down_tiles, down_tuned = pick("down", w2, DOWN_CANDIDATES, down)
+    tuned = {"gate_up": gate_up_tuned, "down": down_tuned}
+    print("triton_kernels/fused_moe.py TUNED, from this run:")
+    for name, picked in tuned.items():
+        print(f"    ({picked['n']}, {picked['k']}): {MoeTiles(**picked['tiles'])!r},  # {name}", flush=True)
+    return MoeConfig(gate_up_tiles, down_tiles), tuned
+
+
+def pick(name: str, weight: torch.Tensor, candidates: list[MoeTiles], call) -> tuple[MoeTiles, dict]:
+    """The candidate whose worst ratio to the best candidate over TUNE_TOKENS is smallest: one tiling
+    serves every token count (batch invariance), so its worst point is what it must bound."""
+    n, k = weight.shape[1:]
+    print(f"tuning {name} (N {n}, K {k}): {len(candidates)} candidates x {len(TUNE_TOKENS)} token counts", flush=True)
+    times, tried = {}, []
+    for i, tiles in enumerate(candidates, 1):
+        started = time.perf_counter()
         try:
-            times[tiles] = {n: bench(lambda: fused_moe(*cases[n][:3], w13, w2, cases[n][3], tiles)) for n in TUNE_TOKENS}
+            times[tiles] = {tokens: bench(call(tiles, tokens), rep_ms=25) for tokens in TUNE_TOKENS}
         except Exception as error:  # e.g. out of shared memory for this tile shape
-            print(f"  {tiles}: {str(error).splitlines()[0][:120]}")
+            tried.append({"tiles": tiles._asdict(), "error": str(error).splitlines()[0][:200]})
+            print(f"  [{i}/{len(candidates)}] {tiles}: {tried[-1]['error'][:120]}", flush=True)
             continue
-        print(f"  {tiles}: " + " ".join(f"{n} tokens {ms * 1e3:.0f} us" for n, ms in times[tiles].items()), flush=True)
-    best = {n: min(t[n] for t in times.values()) for n in TUNE_TOKENS}
-    worst = {tiles: max(t[n] / best[n] for n in TUNE_TOKENS) for tiles, t in times.items()}
+        print(f"  [{i}/{len(candidates)}] {tiles}: " + " ".join(
+            f"{tokens} tokens {ms * 1e3:.0f} us" for tokens, ms in times[tiles].items())
+            + f" ({time.perf_counter() - started:.0f} s)", flush=True)
+    best = {tokens: min(t[tokens] for t in times.values()) for tokens in TUNE_TOKENS}
+    worst = {tiles: max(t[tokens] / best[tokens] for tokens in TUNE_TOKENS) for tiles, t in times.items()}
     chosen = min(worst, key=worst.get)
-    return chosen, [{"tiles": t._asdict(), "us": {n: ms * 1e3 for n, ms in times[t].items()}, "worst_vs_best": worst[t]}
-                    for t in times]
+    tried += [{"tiles": t._asdict(), "us": {tokens: ms * 1e3 for tokens, ms in times[t].items()},
+               "worst_vs_best": worst[t]} for t in times]
+    print(f"  {name}: {chosen}, at most {worst[chosen] - 1:.0%} behind the best of each token count", flush=True)
+    return chosen, {"n": n, "k": k, "tiles": chosen._asdict(), "tried": tried}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "fused_moe.json")
-    parser.add_argument("--tune", action="store_true", help="pick the tiling first (see the docstring)")
+    parser.add_argument("--tune", action="store_true", help="pick each projection's tiling first (see the docstring)")
     args = parser.parse_args()
+    started = time.perf_counter()
     peak = ceilings()
     print(f"ceilings: bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s, copy {peak['copy_gbps']:.0f} GB/s")
     moe = k2_moe_layer()
@@ -112,18 +161,18 @@ def main() -> None:
     result = {"benchmark": "fused_moe", "machine": describe(), "ceilings": peak, "config": {
         "hidden": CONFIG.hidden_size, "moe_intermediate": CONFIG.moe_intermediate_size,
         "experts": CONFIG.n_routed_experts, "top_k": CONFIG.num_experts_per_tok}, "rows": []}
-    tiles = moe_tiles(torch.bfloat16)
+    config = moe_config(w13, w2)
     if args.tune:
-        print("tuning the fused kernels' tiling")
-        tiles, tried = tune(moe, cases)
-        result["tuned"] = {"tiles": tiles._asdict(), "tried": tried}
-    result["tiles"] = tiles._asdict()
+        config, result["tuned"] = tune(moe, cases)
+    result["tiles"] = {name: tiles._asdict() for name, tiles in config._asdict().items()}
+    if args.tune:
+        write_result(args.out, result)  # the picks survive a table cut short
     expert_bytes = 3 * CONFIG.hidden_size * CONFIG.moe_intermediate_size * 2
     print(f"{'tokens':>6} {'experts':>7} {'fused us':>9} {'graph us':>9} {'of BW':>6} {'TF/s':>6} {'loop us':>9} "
           f"{'x loop':>7} {'grouped_mm us':>13}")
     for n, (x, weights, experts, shared) in cases.items():
         used = experts.unique().numel()
-        fused = lambda: fused_moe(x, weights, experts, w13, w2, shared, tiles)  # noqa: E731
+        fused = lambda: fused_moe(x, weights, experts, w13, w2, shared, config)  # noqa: E731
         want = moe.per_expert(x, weights, experts, shared)
         row = {"tokens": n, "experts_used": used, "weight_bytes": used * expert_bytes,
                "flops": 2 * n * CONFIG.num_experts_per_tok * expert_bytes // 2,
@@ -144,6 +193,7 @@ def main() -> None:
               f"{row['fused_tflops']:6.1f} {row['loop']['eager_us']:9.1f} {row['loop_over_fused_eager']:7.1f} "
               f"{g.get('graph_us') or float('nan'):13.1f}", flush=True)
         write_result(args.out, result)
+    print(f"done in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
