@@ -1,0 +1,137 @@
+"""Overlap scheduling (`Engine(overlap=True)`, engine/engine.py): step N+1 is launched before step
+N's tokens reach the host, its inputs taken from what step N left on the device.
+
+On the CPU the overlapped order runs the same work reordered, so every request's tokens must equal
+the non-overlapped run's and AR's exactly: greedy and sampled, both builders, requests finishing at
+different steps (their next step's rows discarded), admissions mid-flight into slots freed while a
+step was in flight, and requests that stop at their prefill. The `gpu` tests run the same cases on
+CUDA with graphs on, where the host really runs ahead.
+"""
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.errors import EngineError
+from engine.scheduler import Request, serve
+from tests.engine.gpu_builder import models_for_gpu_builder
+from tests.engine.test_lossless import PROMPTS, encode
+from tests.engine.test_static_step import BUILDERS, MAX_NEW, decode
+
+CASES = [(5, 5), (8, 3), (2, 2)]  # (slots, concurrency): padding rows; mid-flight admissions; slots reused often
+
+
+@pytest.fixture(scope="module")
+def ar_greedy(trained):
+    return decode(trained, mode="ar")[0]
+
+
+@pytest.fixture(scope="module")
+def ar_sampled(trained):
+    return decode(trained, mode="ar", temperature=0.8)[0]
+
+
+def models_for(trained, builder):
+    return trained if builder == "cpu" else models_for_gpu_builder(trained)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("n_slots,concurrency", CASES)
+def test_overlap_is_lossless(trained, ar_greedy, builder, n_slots, concurrency):
+    models = models_for(trained, builder)
+    options = dict(builder=builder, n_slots=n_slots, concurrency=concurrency)
+    overlapped, eng = decode(models, overlap=True, **options)
+    in_order, _ = decode(models, static_shapes=True, **options)
+    assert overlapped == in_order == ar_greedy
+    assert [len(overlapped[i]) for i in range(5)] == list(MAX_NEW)
+    assert eng.in_flight is None and not eng.requests  # the last step in flight was dropped, every slot freed
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_overlap_samples_losslessly(trained, ar_sampled, builder):
+    models = models_for(trained, builder)
+    overlapped, _ = decode(models, builder=builder, n_slots=6, concurrency=4, temperature=0.8, overlap=True)
+    assert overlapped == ar_sampled
+
+
+def test_overlap_counts_only_the_steps_a_request_took_part_in(trained):
+    """A request's discarded rows (the step after it stopped) are no target forward of its own, and
+    each step's committed tokens come back from the call after it."""
+    target, drafter = trained
+
+    def run(overlap):
+        eng = Engine(target, drafter, budget=6, n_slots=3, max_len=160, nvtx=False, overlap=overlap,
+                     static_shapes=True)
+        for i in range(3):
+            eng.admit(i, encode(PROMPTS[i]), MAX_NEW[i])
+        per_call = []
+        while eng.active:
+            per_call.append(eng.step())
+        return [eng.result(i) for i in range(3)], per_call
+
+    (overlapped, late), (in_order, prompt) = run(True), run(False)
+    assert overlapped == in_order
+    assert late[0] == {} and late[1:] == prompt  # one call behind
+    assert len(late) == len(prompt) + 1
+
+
+def test_overlap_with_requests_that_stop_at_their_prefill(trained):
+    """max_new_tokens 1 (and an EOS first token) stop at prefill: their first token reaches the host
+    only at their first commit, so they ride one step whose rows are all discarded."""
+    target, drafter = trained
+    reference = decode(trained, mode="ar")[0]
+    eos = reference[1][0]  # request 1's first token, as the EOS: it stops at its prefill
+    batch = [Request(0, encode(PROMPTS[0]), 1), Request(1, encode(PROMPTS[1]), 9), Request(2, encode(PROMPTS[2]), 12)]
+
+    def run(**options):
+        eng = Engine(target, drafter, budget=6, n_slots=2, max_len=160, nvtx=False, **options)
+        return serve(eng, batch, 2, eos_id=eos).tokens
+
+    want = run(mode="ar")
+    assert run(overlap=True) == run(static_shapes=True) == want
+    assert want[0] == reference[0][:1] and want[1] == [eos]
+
+
+def test_overlap_refused_for_ar_in_one_line(trained):
+    target, drafter = trained
+    with pytest.raises(EngineError, match="--overlap: only for --mode ddtree"):
+        Engine(target, drafter, budget=4, mode="ar", n_slots=2, max_len=64, overlap=True)
+
+
+# --- CUDA, graphs on: the host really runs ahead ---------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("n_slots,concurrency", CASES)
+def test_graphed_overlap_equals_in_order_and_ar(trained, builder, temperature, n_slots, concurrency):
+    models = models_for_gpu_builder(trained)
+    want, _ = decode(models, mode="ar", temperature=temperature)
+    options = dict(builder=builder, n_slots=n_slots, concurrency=concurrency, temperature=temperature,
+                   cuda_graphs=True)
+    overlapped, eng = decode(models, overlap=True, **options)
+    in_order, _ = decode(models, **options)
+    assert overlapped == in_order == want
+    assert eng.graphs is not None and eng.in_flight is None
+
+
+@pytest.mark.gpu
+def test_graphed_overlap_launches_the_next_step_before_the_last_one_lands(trained):
+    """With the GPU builder, launching step N+1 never waits for the GPU: under sync debug mode
+    "error" the launch (draft .. kv_compact) and the send of its tokens run without a host wait."""
+    target, drafter = models_for_gpu_builder(trained)
+    eng = Engine(target, drafter, budget=6, builder="gpu", n_slots=4, max_len=160, nvtx=False, cuda_graphs=True,
+                 overlap=True)
+    for i in range(3):
+        eng.admit(i, encode(PROMPTS[i]), 40)
+    eng.step()
+    static = eng.static_step
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        launched = static.launch([0, 1, 2], [eng.requests[i].slot for i in range(3)],
+                                 [eng.requests[i].seed for i in range(3)])
+        static.send(launched)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(static.land(launched)) == 3
