@@ -8,13 +8,18 @@ step was in flight, and requests that stop at their prefill. The `gpu` tests run
 CUDA with graphs on, where the host really runs ahead.
 """
 
+import json
+
 import pytest
 import torch
 
+from engine.__main__ import main
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.scheduler import Request, serve
 from tests.engine.gpu_builder import models_for_gpu_builder
+from tests.engine.test_cli_errors import SERVE, assert_one_line
+from tests.engine.test_cli_errors import engine as run_engine
 from tests.engine.test_lossless import PROMPTS, encode
 from tests.engine.test_static_step import BUILDERS, MAX_NEW, decode
 
@@ -96,6 +101,49 @@ def test_overlap_refused_for_ar_in_one_line(trained):
     target, drafter = trained
     with pytest.raises(EngineError, match="--overlap: only for --mode ddtree"):
         Engine(target, drafter, budget=4, mode="ar", n_slots=2, max_len=64, overlap=True)
+
+
+def summary_of(tmp_path, *options):
+    summary = tmp_path / "summary.json"
+    assert main([*SERVE, "--device", "cpu", *options, "--summary", str(summary)]) == 0
+    return json.loads(summary.read_text())
+
+
+def test_serve_summary_says_what_the_overlap_hides(tmp_path):
+    """On the CPU overlap is off by default (no static step); --overlap runs it, and with the CPU
+    builder the summary says it stops at draft."""
+    default = summary_of(tmp_path)
+    assert default["overlap"] is False and default["overlap_scope"] is None
+    on = summary_of(tmp_path, "--overlap")
+    assert on["overlap"] is True and on["overlap_scope"].startswith("draft only")
+    assert on["tokens"] == default["tokens"] and on["steps"] == default["steps"] + 1  # the one step dropped at the end
+
+
+def test_overlap_by_default_only_where_the_static_step_runs():
+    from engine.arguments import overlap, overlap_scope
+
+    assert overlap(None, static_step=True) and not overlap(None, static_step=False)
+    assert not overlap(None, static_step=True, ranks=2) and not overlap(False, static_step=True)
+    assert overlap(True, static_step=False)  # the static step then runs eagerly
+    assert overlap_scope(True, "gpu") == "whole step" and overlap_scope(False, "gpu") is None
+
+
+def test_overlap_with_ranks_refused_in_one_line():
+    assert_one_line(run_engine(*SERVE, "--device", "cpu", "--overlap", "--ranks", "2", "--check"), "--overlap",
+                    "one rank")
+
+
+def test_help_says_the_cpu_builder_overlaps_only_draft():
+    done = run_engine("serve", "--help")
+    assert "With --builder cpu the overlap stops at draft" in " ".join(done.stdout.split())
+
+
+def test_sweep_passes_overlap_to_every_capture():
+    from ddprof.sweep import Grid
+
+    grid = Grid(concurrency=(1, 2), builders=("cpu", "gpu"), budgets=(4,), model="tiny", requests=2, max_new_tokens=4,
+                overlap=False)
+    assert all(point.overlap is False for point in grid.points())
 
 
 # --- CUDA, graphs on: the host really runs ahead ---------------------------------------------------------
