@@ -9,6 +9,7 @@ CUDA with graphs on, where the host really runs ahead.
 """
 
 import json
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -17,11 +18,12 @@ from engine.__main__ import main
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.scheduler import Request, serve
+from engine.stages import STAGES, STEP, TOKENS_MARK
 from tests.engine.gpu_builder import models_for_gpu_builder
 from tests.engine.test_cli_errors import SERVE, assert_one_line
 from tests.engine.test_cli_errors import engine as run_engine
 from tests.engine.test_lossless import PROMPTS, encode
-from tests.engine.test_static_step import BUILDERS, MAX_NEW, decode
+from tests.engine.test_static_step import BUILDERS, MAX_NEW, decode, requests
 
 CASES = [(5, 5), (8, 3), (2, 2)]  # (slots, concurrency): padding rows; mid-flight admissions; slots reused often
 
@@ -95,6 +97,33 @@ def test_overlap_with_requests_that_stop_at_their_prefill(trained):
     want = run(mode="ar")
     assert run(overlap=True) == run(static_shapes=True) == want
     assert want[0] == reference[0][:1] and want[1] == [eos]
+
+
+def test_overlapped_steps_keep_the_nvtx_contract(trained):
+    """Each step is one `step` range holding the six stage ranges on the calling thread, then one
+    `tokens` mark: what that step's `sampling` committed (the step before's tokens)."""
+    target, drafter = trained
+    eng = Engine(target, drafter, budget=6, n_slots=3, max_len=160, overlap=True)
+    events = []
+
+    @contextmanager
+    def recorded(name):
+        events.append(("push", name))
+        yield
+        events.append(("pop", name))
+
+    eng.nvtx.range = recorded
+    eng.nvtx.mark = lambda name, payload: events.append((name, payload))
+    result = serve(eng, requests()[:4], 3)
+    steps = [i for i, event in enumerate(events) if event == ("push", STEP)]
+    assert len(steps) == result.steps
+    stage_pushes = [name for kind, name in events if kind == "push" and name in STAGES]
+    assert stage_pushes == list(STAGES) * result.steps
+    for start in steps:  # each step closes before its mark, and the mark comes before the next step
+        close = events.index(("pop", STEP), start)
+        assert events[close + 1][0] == TOKENS_MARK
+    assert sum(payload for name, payload in events if name == TOKENS_MARK) == result.step_tokens
+    assert result.step_tokens == sum(len(tokens) - 1 for tokens in result.tokens.values())  # all but prefill's
 
 
 def test_overlap_refused_for_ar_in_one_line(trained):
