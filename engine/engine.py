@@ -134,7 +134,8 @@ class Engine:
     @torch.no_grad()
     def admit(self, request_id: Hashable, prompt_tokens: list[int], max_new_tokens: int,
               eos_id: int | None = None, seed: int | None = None) -> None:
-        """Prefill the prompt into a fresh slot; its first new token is emitted right away.
+        """Prefill the prompt into a fresh slot; its first new token is emitted right away (with the
+        static-shape step: at the request's first commit, so that admitting never waits for the GPU).
 
         `seed` (0 <= seed < 2**32) fixes the request's samples at temperature > 0; by default it is
         derived from the request id, so a request decodes the same way in any batch.
