@@ -64,13 +64,13 @@ class Workload:
         self.target, self.drafter = load_models(args.model, seed=WEIGHT_SEED, device=self.device)
         self.first_output: dict[str, dict[int, list[int]]] = {}  # by numerics: every later run must decode this
 
-    def engine(self, builder: str, cuda_graphs: bool = False) -> Engine:
+    def engine(self, builder: str, cuda_graphs: bool = False, **options) -> Engine:
         """An engine (NVTX off) sized for the workload, its CUDA graphs recorded if asked, warmed up on
-        its first request."""
+        its first request; `options`: Engine's other switches (static_shapes, overlap)."""
         max_len = rows_per_slot(((len(r.prompt_tokens), r.max_new_tokens) for r in self.requests), self.args.budget)
         engine = Engine(self.target, self.drafter, budget=self.args.budget, builder=builder,
                         n_slots=self.args.concurrency, max_len=max_len, device=self.device, nvtx=False,
-                        cuda_graphs=cuda_graphs)
+                        cuda_graphs=cuda_graphs, **options)
         first = self.requests[0]
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
         return engine

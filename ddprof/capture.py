@@ -74,6 +74,7 @@ class CaptureRequest:
     seed: int | None = None
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
+    overlap: bool | None = None
     ranks: int | None = None  # expert-parallel processes: one report holds every rank's process
     timeout_s: float = 1800
 
@@ -112,10 +113,10 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
                         ("--ranks", request.ranks)):
         if value is not None:
             command += [flag, str(value)]
-    if request.batch_invariant is not None:
-        command.append("--batch-invariant" if request.batch_invariant else "--no-batch-invariant")
-    if request.cuda_graphs is not None:
-        command.append("--cuda-graphs" if request.cuda_graphs else "--no-cuda-graphs")
+    for flag, on in (("batch-invariant", request.batch_invariant), ("cuda-graphs", request.cuda_graphs),
+                     ("overlap", request.overlap)):
+        if on is not None:
+            command.append(f"--{flag}" if on else f"--no-{flag}")
     return command + ["--summary", str(summary), "--progress", str(progress)]
 
 

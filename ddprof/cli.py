@@ -71,6 +71,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 
 CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
                      "recorded before the profiled part (default: on for DDTree on CUDA with one rank, off elsewhere).")
+OVERLAP_HELP = serve_defaults.OVERLAP_HELP[0].upper() + serve_defaults.OVERLAP_HELP[1:] + "."
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
 
@@ -92,6 +93,7 @@ def capture(
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
                                      show_default=False),
+    overlap: bool = typer.Option(None, "--overlap/--no-overlap", help=OVERLAP_HELP, show_default=False),
     ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
                                          "the report holds every rank's process (default: 1)."),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
@@ -106,7 +108,7 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, ranks=ranks,
+                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap, ranks=ranks,
                              timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
@@ -118,7 +120,7 @@ def capture(
         return
     table = Table(show_header=False)
     for key in ("model", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
-                "generated_tokens",
+                "overlap", "overlap_scope", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)
@@ -368,6 +370,7 @@ def sweep(
     batch_invariant: bool = typer.Option(True, "--batch-invariant/--no-batch-invariant", help=BATCH_INVARIANT_HELP),
     cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
                                      show_default=False),
+    overlap: bool = typer.Option(None, "--overlap/--no-overlap", help=OVERLAP_HELP, show_default=False),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
@@ -394,7 +397,7 @@ def sweep(
                 budgets=_grid_values("--budget", budget, machine["budgets"], int),
                 model=given(model, "model"), requests=given(requests, "requests"),
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed,
-                batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, out_dir=out_dir)
+                batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
     evidence = [read_ab(path) for path in ab or ()]  # before the captures: a bad file must not cost a sweep
     points = grid.points()

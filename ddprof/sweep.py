@@ -36,6 +36,7 @@ class Grid:
     seed: int = 0
     batch_invariant: bool = True
     cuda_graphs: bool | None = None  # None: the engine's default (on for DDTree on CUDA)
+    overlap: bool | None = None  # None: the engine's default (on where the static-shape step runs)
     out_dir: Path = field(default=Path("traces/sweep"))
 
     def __post_init__(self) -> None:
@@ -66,6 +67,7 @@ class Grid:
         return [CaptureRequest(workload=self.workload, concurrency=concurrency, model=self.model, builder=builder,
                                budget=budget, requests=self.requests, max_new_tokens=self.max_new_tokens,
                                seed=self.seed, batch_invariant=self.batch_invariant, cuda_graphs=self.cuda_graphs,
+                               overlap=self.overlap,
                                out=self.out_dir / self.capture_name(concurrency, builder, budget))
                 for budget, concurrency, builder in itertools.product(self.budgets, self.concurrency, self.builders)]
 

@@ -98,6 +98,33 @@ def cuda_graphs(on: bool | None, device: str, mode: str = "ddtree", ranks: int =
     return on
 
 
+def add_overlap(parser: argparse.ArgumentParser) -> None:
+    """`--overlap / --no-overlap` (serve; ddprof capture and sweep pass it on)."""
+    from engine.serve_defaults import OVERLAP_HELP
+
+    parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help=OVERLAP_HELP)
+
+
+def overlap(on: bool | None, static_step: bool, ranks: int = 1) -> bool:
+    """Whether the engine overlaps its steps: by default (None) wherever the static-shape step runs
+    (`static_step`: CUDA graphs on); --overlap with several ranks (whose collectives in a reordered
+    step are not verified) is refused in one line before any model loads (AR decoding: by Engine)."""
+    if on is None:
+        return static_step and ranks == 1
+    if on and ranks > 1:
+        raise EngineError(f"--overlap: one rank only (got {ranks}): the ranks' collectives in an overlapped step "
+                          "are not verified")
+    return on
+
+
+def overlap_scope(on: bool, builder: str) -> str | None:
+    """What an overlapped step hides, for the run's summary: the whole step with the GPU builder,
+    only draft with the CPU builder (its tree_build waits for the same step's top-k on the host)."""
+    if not on:
+        return None
+    return "whole step" if builder == "gpu" else "draft only (the CPU builder's tree_build waits for its top-k)"
+
+
 def add_dtype_option(parser) -> None:
     from engine.config import DTYPES
 

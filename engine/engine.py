@@ -12,6 +12,13 @@ payload is the number of tokens committed (whole batch); `admit` runs the prompt
 range. A request's tokens never depend on what else is in the batch (see model.linear and
 attention.tree_attention). `static_shapes` runs the static-shape step (engine/static_step.py),
 `cuda_graphs` replays it as CUDA graphs recorded here, before any request (engine/cuda_graphs.py).
+`overlap` (the static-shape step) launches step N+1 before step N's tokens reach the host: `step`
+launches the next step, then lands and commits the one before, so the host applies stop rules and
+the scheduler admits and evicts while the GPU runs. A request that stopped in step N was already in
+step N+1 (the host did not know yet): that step's rows for it are discarded, and its slot is freed
+only after, in stream order. Each `step` range then holds the new step's stages and, in `sampling`,
+the previous step's commit; its `tokens` mark counts what that commit kept. With the CPU builder
+the host runs ahead only up to draft: tree_build waits for the same step's top-k.
 At `temperature` > 0 the target samples; each request's sample at a
 position depends only on its seed and that position (engine/sampling.py), so DDTree still emits
 exactly the autoregressive tokens.
@@ -26,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cuda_graphs import GraphRecording, record_graphs, require_graphable
-from engine.ddtree import ARDecoder, DDTreeDecoder, DecodeBatch, apply_stop_rules
+from engine.ddtree import SAMPLING, ARDecoder, DDTreeDecoder, DecodeBatch, StepResult, apply_stop_rules, commit
 from engine.drafter import Drafter
 from engine.errors import EngineError
 from engine.kv_cache import LatentKVCache
@@ -34,7 +41,7 @@ from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
 from engine.sampling import MAX_SEED, MIN_TEMPERATURE, choose_tokens, valid_temperature
 from engine.stages import PREFILL, STEP, TOKENS_MARK
-from engine.static_step import StaticStep
+from engine.static_step import Launched, StaticStep
 
 
 def rows_per_slot(lengths: Iterable[tuple[int, int]], budget: int) -> int:
@@ -55,6 +62,7 @@ class Request:
     target_forwards: int = 0  # prefill + steps taken part in
     accept_lengths: list[int] = field(default_factory=list)
     done: bool = False
+    first_pending: bool = True  # the prefill's first token is not on the host yet (static-shape step)
 
 
 @dataclass
@@ -67,7 +75,8 @@ class RequestResult:
 class Engine:
     def __init__(self, model: TargetModel, drafter: Drafter | None, *, budget: int, builder: str = "cpu",
                  mode: str = "ddtree", n_slots: int, max_len: int, device: str | torch.device | None = None,
-                 nvtx: bool = True, temperature: float = 0.0, static_shapes: bool = False, cuda_graphs: bool = False):
+                 nvtx: bool = True, temperature: float = 0.0, static_shapes: bool = False, cuda_graphs: bool = False,
+                 overlap: bool = False):
         if mode not in ("ddtree", "ar"):
             raise EngineError(f"unknown decoding mode {mode!r}; choose ddtree or ar")
         if mode == "ddtree" and drafter is None:
@@ -83,7 +92,9 @@ class Engine:
         self.device = torch.device(device) if device is not None else model.device
         if cuda_graphs:
             require_graphable(self.device.type, mode)
-        static_shapes = static_shapes or cuda_graphs  # graphs replay the static-shape step
+        if overlap and mode != "ddtree":
+            raise EngineError("--overlap: only for --mode ddtree (it runs the static-shape step, DDTree's)")
+        static_shapes = static_shapes or cuda_graphs or overlap  # graphs replay, overlap reorders the static step
         if static_shapes and mode != "ddtree":
             raise EngineError("the static-shape step: only for ddtree decoding")
         if self.device.type == "cuda" and self.device.index is None:  # "cuda" means the current GPU
@@ -108,6 +119,8 @@ class Engine:
         self.graphs: GraphRecording | None = record_graphs(self.static_step) if cuda_graphs else None
         self.block_rows = 1 + budget if mode == "ddtree" else 1  # rows one step writes past the prefix
         self.requests: dict[Hashable, Request] = {}
+        self.overlap = overlap
+        self.in_flight: Launched | None = None  # with overlap: the step launched and not yet committed
 
     @property
     def active(self) -> int:
@@ -121,7 +134,8 @@ class Engine:
     @torch.no_grad()
     def admit(self, request_id: Hashable, prompt_tokens: list[int], max_new_tokens: int,
               eos_id: int | None = None, seed: int | None = None) -> None:
-        """Prefill the prompt into a fresh slot; its first new token is emitted right away.
+        """Prefill the prompt into a fresh slot; its first new token is emitted right away (with the
+        static-shape step: at the request's first commit, so that admitting never waits for the GPU).
 
         `seed` (0 <= seed < 2**32) fixes the request's samples at temperature > 0; by default it is
         derived from the request id, so a request decodes the same way in any batch.
@@ -143,29 +157,73 @@ class Engine:
             tokens = torch.tensor(prompt_tokens, dtype=torch.int64, device=self.device)
             logits, features = self.model.prefill(tokens, self.cache.kv, slot, self.decoder.feature_layers)
             self.decoder.after_prefill(slot, features)
-            first = int(choose_tokens(logits, self._tensor(len(prompt_tokens)), self._tensor(seed), self.temperature))
-        request.prefix_len, request.bonus, request.target_forwards = len(prompt_tokens), first, 1
-        request.tokens = apply_stop_rules([first], max_new_tokens, eos_id)
-        request.done = self._is_done(request)
+            first = choose_tokens(logits, self._tensor(len(prompt_tokens)), self._tensor(seed), self.temperature)
+            if self.static_step is not None:  # the first token reaches the host at the request's first commit
+                self.static_step.admit(slot, len(prompt_tokens), first)
+        request.prefix_len, request.target_forwards = len(prompt_tokens), 1
         self.requests[request_id] = request
+        if self.static_step is None:
+            self._emit_first(request, int(first))
+
+    def _emit_first(self, request: Request, first: int) -> None:
+        request.bonus, request.first_pending = first, False
+        request.tokens = apply_stop_rules([first], request.max_new_tokens, request.eos_id)
+        request.done = self._is_done(request)
 
     @torch.no_grad()
     def step(self) -> dict[Hashable, list[int]]:
-        """One batched decode step over every active request: {request_id: tokens committed}."""
+        """One batched decode step over every active request: {request_id: tokens committed}. With
+        `overlap`, the tokens are those of the step launched by the call before (none at first)."""
         ids = [rid for rid, r in self.requests.items() if not r.done]
         if not ids:
             return {}
+        if self.static_step is not None:
+            return self._static_step(ids)
         requests = [self.requests[rid] for rid in ids]
         columns = [[r.slot for r in requests], [r.prefix_len for r in requests], [r.bonus for r in requests],
-                   [r.seed for r in requests]]  # in the order of static_step.INPUTS
+                   [r.seed for r in requests]]
         remaining = [r.max_new_tokens - len(r.tokens) for r in requests]
         eos_ids = [r.eos_id for r in requests]
         with self.nvtx.range(STEP):
-            if self.static_step is not None:
-                result = self.static_step.step(columns, remaining, eos_ids)
-            else:
-                result = self.decoder.step(DecodeBatch(*(self._tensor(c) for c in columns), remaining, eos_ids))
+            result = self.decoder.step(DecodeBatch(*(self._tensor(c) for c in columns), remaining, eos_ids))
         self.nvtx.mark(TOKENS_MARK, sum(len(t) for t in result.committed))
+        self._apply(requests, result)
+        return dict(zip(ids, result.committed))
+
+    def _static_step(self, ids: list[Hashable]) -> dict[Hashable, list[int]]:
+        """Launch a step over `ids`, send its tokens, then land and commit the step before (overlap)
+        or this one: the same work in either order."""
+        requests = [self.requests[rid] for rid in ids]
+        with self.nvtx.range(STEP):
+            launched = self.static_step.launch(ids, [r.slot for r in requests], [r.seed for r in requests])
+            with self.nvtx.range(SAMPLING):
+                self.static_step.send(launched)
+                landing, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
+                committed = self._commit(landing) if landing is not None else {}
+        self.nvtx.mark(TOKENS_MARK, sum(len(t) for t in committed.values()))
+        if not self.active:  # every request stopped: the step in flight has nothing to keep
+            self.in_flight = None
+        return committed
+
+    def _commit(self, landed: Launched) -> dict[Hashable, list[int]]:
+        """A landed step's tokens under the stop rules, for its requests that had not stopped before
+        it (the rows of those that had are discarded)."""
+        rows = self.static_step.land(landed)
+        kept_ids, kept_rows = [], []
+        for rid, row in zip(landed.request_ids, rows):
+            request = self.requests.get(rid)
+            if request is not None and request.first_pending:
+                self._emit_first(request, self.static_step.first_token(request.slot))
+            if request is not None and not request.done:
+                kept_ids.append(rid)
+                kept_rows.append(row)
+        requests = [self.requests[rid] for rid in kept_ids]
+        result = commit(kept_rows, [r.max_new_tokens - len(r.tokens) for r in requests], [r.eos_id for r in requests])
+        self._apply(requests, result)
+        return dict(zip(kept_ids, result.committed))
+
+    def _apply(self, requests: list[Request], result: StepResult) -> None:
+        """A step's result into its requests' host state."""
         for i, request in enumerate(requests):
             request.tokens += result.committed[i]
             request.prefix_len += result.rows_added[i]
@@ -174,7 +232,6 @@ class Engine:
             if result.accept_lens is not None:
                 request.accept_lengths.append(result.accept_lens[i])
             request.done = self._is_done(request)
-        return dict(zip(ids, result.committed))
 
     def finished(self) -> list[Hashable]:
         """Requests that are done and still hold their slot."""

@@ -42,7 +42,8 @@ class ServeResult:
     steps: int = 0
     step_tokens: int = 0
     # Host seconds inside the decode steps: a step returns its committed tokens, so it has waited for
-    # its GPU work; what serving spends on prefills and bookkeeping is the rest of the wall.
+    # their GPU work (overlapped: the step before's, while its own runs); what serving spends on
+    # prefills and bookkeeping is the rest of the wall.
     step_s: float = 0.0
 
     @property

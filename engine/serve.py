@@ -65,6 +65,7 @@ def register(subcommands) -> None:
                              "waits for whichever OpenMP thread was descheduled)")
     arguments.add_batch_invariant(parser)
     arguments.add_cuda_graphs(parser)
+    arguments.add_overlap(parser)
     parser.add_argument("--ranks", type=int, default=None,
                         help="expert-parallel processes (default 1, or torchrun's WORLD_SIZE); each holds 1/N of "
                              "every MoE layer's routed experts")
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     config = preset(args.model)
     device = arguments.device(args.device)
     args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device, ranks=ranks)
+    args.overlap = arguments.overlap(args.overlap, args.cuda_graphs, ranks=ranks)
     from engine.ddtree import checked_tree_builder
     from engine.engine import rows_per_slot
 
@@ -168,7 +170,7 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
         # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
-                        temperature=args.temperature, cuda_graphs=args.cuda_graphs)
+                        temperature=args.temperature, cuda_graphs=args.cuda_graphs, overlap=args.overlap)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
     warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
     engine.nvtx.mark(RANK_MARK, rank)  # which rank this process is, for a report holding several
@@ -216,6 +218,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "cuda_graphs": args.cuda_graphs, "graph_buckets": list(graphs.buckets) if graphs else None,
         "graph_record_s": round(graphs.record_s, 6) if graphs else None,
         "graph_pool_bytes": graphs.pool_bytes if graphs else None,
+        "overlap": args.overlap, "overlap_scope": arguments.overlap_scope(args.overlap, args.builder),
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED), "dtype": dtype,
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),

@@ -6,13 +6,20 @@ run ahead of it. So this step
 - pads the batch to a bucket (`batch_buckets`: 1, 2, 4, 8, 16, 24, 32, 48, 64, then multiples of
   32, the slot count last); padding rows point at the cache's scratch slot (prefix 0, bonus 0,
   seed 0), whose cache, drafter-cache and pending-feature rows no request owns;
-- keeps slots / prefix lengths / bonus tokens / seeds in one persistent device buffer that each
-  step fills with one copy from pinned memory; every bucket's stages read fixed views of it;
+- keeps each slot's prefix length and bonus token on the device (`slot_state`): draft gathers its
+  rows' values from there and kv_compact advances them, so a step's inputs are what the previous
+  step wrote, never a value the host read back; only slots and seeds (host knowledge) come from the
+  host, with one copy from pinned memory into a persistent device buffer whose fixed views every
+  bucket's stages read. That is what lets the host launch step N+1 before step N's tokens reach it
+  (`--overlap`, engine/engine.py);
 - has the drafter attend over its whole context capacity (masked), not over a length read back
   from the device; trees are `budget` nodes already;
-- commits the step's tokens in `sampling` with one asynchronous copy into pinned memory and an
-  event: the step's one wait. With the CPU builder, tree_build also copies the top-k to the host
-  and the tree back (the round trip a CPU builder costs any engine).
+- sends the step's tokens in `sampling` with one asynchronous copy into pinned memory and an
+  event (`send`); `land` waits for that event: the step's one wait, now or (overlapped) after the
+  next step is launched. Pinned buffers alternate between consecutive steps, so a step in flight
+  never shares one with the step being launched. With the CPU builder, tree_build also copies the
+  top-k to the host and the tree back (the round trip a CPU builder costs any engine): that waits
+  for the same step's draft, so an overlapped host runs ahead only up to draft.
 
 Nothing in draft, tree_build (GPU builder), verify, accept or kv_compact reads the device from the
 host or makes a data-dependent shape, so each can be one CUDA graph per bucket
@@ -23,17 +30,20 @@ the others (model.linear, attention.tree_attention), and lossless decoding emits
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import torch
 
-from engine.ddtree import ACCEPT, DRAFT, KV_COMPACT, SAMPLING, TREE_BUILD, VERIFY, DDTreeDecoder, StepResult, commit
+from engine.ddtree import ACCEPT, DRAFT, KV_COMPACT, TREE_BUILD, VERIFY, DDTreeDecoder
 from engine.nvtx_ranges import Nvtx
 from engine.tree import TreeBatch, build_tree_cpu
 
 BASE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 BUCKET_STEP = 32  # past the base buckets, batch sizes grow by this
-INPUTS = ("slots", "prefix_lens", "bonus", "seeds")  # the rows of the step's input buffer
+INPUTS = ("slots", "seeds", "prefix_lens", "bonus")  # the rows of the step's input buffer
+HOST_INPUTS = 2  # the first rows (slots, seeds) the host fills; draft gathers the others from slot_state
+PREFIX, BONUS = 0, 1  # the rows of slot_state
 
 
 def batch_buckets(n_slots: int) -> tuple[int, ...]:
@@ -52,12 +62,18 @@ class BucketStep:
     """One bucket's stages over fixed views of the step's input buffer. Each stage leaves its outputs
     as attributes, which the next stage reads: in CUDA graphs, the graphs' static outputs."""
 
-    def __init__(self, decoder: DDTreeDecoder, inputs: torch.Tensor, host_builder: bool):
-        self.decoder = decoder
-        self.slots, self.prefix_lens, self.bonus, self.seeds = inputs
+    def __init__(self, decoder: DDTreeDecoder, inputs: torch.Tensor, slot_state: torch.Tensor, scratch_slot: int,
+                 host_builder: bool):
+        self.decoder, self.slot_state, self.scratch_slot = decoder, slot_state, scratch_slot
+        self.slots, self.seeds, self.prefix_lens, self.bonus = inputs
         self.tree: TreeBatch | None = placeholder_tree(inputs.shape[1], decoder) if host_builder else None
+        # A request's prefix never reaches this (engine.can_admit); a step whose tokens are discarded
+        # (its request stopped in the step before, --overlap) may, and must not write past the cache.
+        self.longest_prefix = decoder.cache.max_len - 1 - decoder.budget
 
     def draft(self) -> None:
+        self.prefix_lens.copy_(self.slot_state[PREFIX][self.slots])
+        self.bonus.copy_(self.slot_state[BONUS][self.slots])
         self.top = self.decoder.draft(self.slots, self.prefix_lens, self.bonus, self.decoder.drafter_cache.rows)
 
     def tree_build(self) -> None:
@@ -80,6 +96,15 @@ class BucketStep:
 
     def kv_compact(self) -> None:
         self.decoder.compact(self.slots, self.prefix_lens, self.accepted, self.accept_len, self.features)
+        self.advance()
+
+    def advance(self) -> None:
+        """The next step's inputs, on the device: each slot's prefix grows by the bonus and the
+        accepted rows, its bonus is the target's next token; the scratch slot goes back to 0."""
+        grown = (self.prefix_lens + 1 + self.accept_len).clamp(max=self.longest_prefix)
+        self.slot_state[PREFIX].index_put_((self.slots,), grown)
+        self.slot_state[BONUS].index_put_((self.slots,), self.next_bonus)
+        self.slot_state[:, self.scratch_slot].zero_()
 
     def committed_rows(self) -> torch.Tensor:
         return self.decoder.committed_rows(self.tree, self.accepted, self.accept_len, self.next_bonus)
@@ -93,6 +118,16 @@ def placeholder_tree(rows: int, decoder: DDTreeDecoder) -> TreeBatch:
     return build_tree_cpu(torch.zeros(shape), ids, decoder.budget).to(decoder.target.device)
 
 
+@dataclass
+class Launched:
+    """A step launched and not yet landed: its bucket step, its requests (rows in order) and the
+    pinned buffer (and event) its tokens go to."""
+
+    step: BucketStep
+    request_ids: list[Hashable]
+    buffer: int
+
+
 class StaticStep:
     """Runs `DDTreeDecoder`'s stages padded to buckets; `replay`, once engine/cuda_graphs.py set it,
     runs a recorded graph in place of a stage's eager code."""
@@ -100,16 +135,24 @@ class StaticStep:
     def __init__(self, decoder: DDTreeDecoder, n_slots: int, scratch_slot: int, nvtx: Nvtx, host_builder: bool):
         self.decoder, self.nvtx, self.host_builder = decoder, nvtx, host_builder
         self.buckets = batch_buckets(n_slots)
-        self.padding = (scratch_slot, 0, 0, 0)  # one value per INPUTS row
+        self.padding = (scratch_slot, 0)  # one value per HOST_INPUTS row
         device = decoder.target.device
         pinned = device.type == "cuda"  # the host buffers the device copies to and from asynchronously
         biggest = self.buckets[-1]
         self.inputs = torch.zeros(len(INPUTS), biggest, dtype=torch.int64, device=device)
-        self.staged_inputs = torch.zeros(len(INPUTS), biggest, dtype=torch.int64, pin_memory=pinned)
-        self.landed = torch.zeros(biggest, decoder.depth + 2, dtype=torch.int64, pin_memory=pinned)
-        self.landed_event = torch.cuda.Event() if pinned else None
-        self.bucket_steps = {b: BucketStep(decoder, self.inputs[:, :b], host_builder) for b in self.buckets}
+        self.slot_state = torch.zeros(2, scratch_slot + 1, dtype=torch.int64, device=device)
+        # Two of each host buffer: step N+1 fills and sends while step N's may still be in use.
+        self.staged_inputs = [torch.zeros(HOST_INPUTS, biggest, dtype=torch.int64, pin_memory=pinned)
+                              for _ in range(2)]
+        self.landed = [torch.zeros(biggest, decoder.depth + 2, dtype=torch.int64, pin_memory=pinned)
+                       for _ in range(2)]
+        self.landed_events = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self.first_tokens = torch.zeros(scratch_slot + 1, dtype=torch.int64, pin_memory=pinned)
+        self.first_events = [torch.cuda.Event() if pinned else None for _ in range(scratch_slot + 1)]
+        self.bucket_steps = {b: BucketStep(decoder, self.inputs[:, :b], self.slot_state, scratch_slot, host_builder)
+                             for b in self.buckets}
         self.replay: Callable[[int, str], None] | None = None
+        self.launches = 0
 
     @property
     def graphed_stages(self) -> tuple[str, ...]:
@@ -117,13 +160,31 @@ class StaticStep:
         return (DRAFT, VERIFY, ACCEPT, KV_COMPACT) if self.host_builder else (DRAFT, TREE_BUILD, VERIFY, ACCEPT,
                                                                               KV_COMPACT)
 
+    def admit(self, slot: int, prompt_len: int, first_token: torch.Tensor) -> None:
+        """A prefilled request's slot state (prefix, bonus) on the device, and its first token on its
+        way to the host (`first_token` reads it): no wait here, so admitting keeps the GPU busy."""
+        self.slot_state[PREFIX, slot] = prompt_len
+        self.slot_state[BONUS, slot] = first_token.reshape(())
+        self.first_tokens[slot:slot + 1].copy_(first_token.reshape(1), non_blocking=True)
+        if self.first_events[slot] is not None:
+            self.first_events[slot].record()
+
+    def first_token(self, slot: int) -> int:
+        """The first token of the request admitted into `slot`, once on the host."""
+        if self.first_events[slot] is not None:
+            self.first_events[slot].synchronize()
+        return int(self.first_tokens[slot])
+
     def fill(self, columns: list[list[int]]) -> BucketStep:
-        """Copy one value per request and INPUTS row into the input buffer, padded to a bucket."""
+        """Copy one value per request and HOST_INPUTS row into the input buffer, padded to a bucket."""
         bucket = bucket_for(self.buckets, len(columns[0]))
+        buffer = self.launches % 2
+        if self.landed_events[buffer] is not None:  # the step two launches back is done with both buffers
+            self.landed_events[buffer].synchronize()
+        staged = self.staged_inputs[buffer]
         padded = [column + [pad] * (bucket - len(column)) for column, pad in zip(columns, self.padding)]
-        self.staged_inputs[:, :bucket] = torch.tensor(padded, dtype=torch.int64)
-        # The previous step's copy out of staged_inputs is done: its commit waited for everything before it.
-        self.inputs[:, :bucket].copy_(self.staged_inputs[:, :bucket], non_blocking=True)
+        staged[:, :bucket] = torch.tensor(padded, dtype=torch.int64)
+        self.inputs[:HOST_INPUTS, :bucket].copy_(staged[:, :bucket], non_blocking=True)
         return self.bucket_steps[bucket]
 
     def run_stages(self, step: BucketStep, requests: int) -> None:
@@ -138,15 +199,23 @@ class StaticStep:
                 else:
                     getattr(step, stage)()
 
-    def step(self, columns: list[list[int]], remaining: list[int], eos_ids: list[int | None]) -> StepResult:
-        """One step over the requests whose `columns` (one list per INPUTS row) are given."""
-        requests = len(columns[0])
-        step = self.fill(columns)
-        self.run_stages(step, requests)
-        with self.nvtx.range(SAMPLING):
-            landed = self.landed[:step.slots.shape[0]]
-            landed.copy_(step.committed_rows(), non_blocking=True)
-            if self.landed_event is not None:  # the step's one wait
-                self.landed_event.record()
-                self.landed_event.synchronize()
-            return commit(landed[:requests].tolist(), remaining, eos_ids)
+    def launch(self, request_ids: list[Hashable], slots: list[int], seeds: list[int]) -> Launched:
+        """draft .. kv_compact over these requests (their prefixes and bonus tokens: the device's)."""
+        step = self.fill([slots, seeds])
+        self.run_stages(step, len(slots))
+        launched = Launched(step, request_ids, self.launches % 2)
+        self.launches += 1
+        return launched
+
+    def send(self, launched: Launched) -> None:
+        """The step's committed rows on their way to the host (inside `sampling`): no wait."""
+        step = launched.step
+        self.landed[launched.buffer][:step.slots.shape[0]].copy_(step.committed_rows(), non_blocking=True)
+        if self.landed_events[launched.buffer] is not None:
+            self.landed_events[launched.buffer].record()
+
+    def land(self, launched: Launched) -> list[list[int]]:
+        """The step's committed rows on the host, one per request: the step's one wait."""
+        if self.landed_events[launched.buffer] is not None:
+            self.landed_events[launched.buffer].synchronize()
+        return self.landed[launched.buffer][:len(launched.request_ids)].tolist()

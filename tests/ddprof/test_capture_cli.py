@@ -103,7 +103,8 @@ def test_help_shows_the_engines_real_defaults_and_no_type_on_flags():
     assert "(default: 1,2,4 on a CPU; 1,8,32 on a GPU)" in " ".join(sweep.stdout.split()) and "<bool>" not in sweep.stdout
 
 
-@pytest.mark.parametrize("field,flag", [("batch_invariant", "batch-invariant"), ("cuda_graphs", "cuda-graphs")])
+@pytest.mark.parametrize("field,flag", [("batch_invariant", "batch-invariant"), ("cuda_graphs", "cuda-graphs"),
+                                        ("overlap", "overlap")])
 def test_capture_passes_its_switches_on_to_the_engine(tmp_path, field, flag):
     from ddprof.capture import CaptureRequest, serve_command
 

@@ -205,8 +205,7 @@ def test_a_static_step_never_waits_for_the_gpu_before_its_commit(trained):
         eng.admit(i, encode(PROMPTS[i]), 12)
     eng.step()  # the first step compiles the kernels
     static = eng.static_step
-    rows = [[eng.requests[i].slot for i in range(3)], [eng.requests[i].prefix_len for i in range(3)],
-            [eng.requests[i].bonus for i in range(3)], [eng.requests[i].seed for i in range(3)]]
+    rows = [[eng.requests[i].slot for i in range(3)], [eng.requests[i].seed for i in range(3)]]  # HOST_INPUTS
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
