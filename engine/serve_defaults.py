@@ -13,6 +13,6 @@ DEFAULT_SEED = 0
 # `--overlap`'s help, shown by `engine serve --help` and by `ddprof capture` / `sweep`, which pass it on.
 OVERLAP_HELP = ("launch step N+1 before step N's tokens reach the host, its inputs from the device buffers step N "
                 "wrote; the host commits step N, applies the stop rules and admits and evicts while the GPU runs "
-                "(default: on wherever the static-shape step runs, i.e. DDTree with CUDA graphs, one rank; on the "
-                "CPU --overlap runs the static step eagerly, the same work reordered). With --builder cpu the "
+                "(default: off until verified on a GPU; on the CPU --overlap runs the static step eagerly, the "
+                "same work reordered). With --builder cpu the "
                 "overlap stops at draft: tree_build needs the same step's draft on the host")
