@@ -149,9 +149,10 @@ class DDTreeDecoder:
     def after_prefill(self, slot: int, features: torch.Tensor) -> None:
         """The prompt's features become the drafter's context for this slot."""
         n = features.shape[0]
-        self.drafter_cache.append(self.drafter, torch.tensor([slot], device=features.device), features[None],
+        # torch.full and zero_ are kernels: a host list or `x[i] = 0` would copy from the host and wait.
+        self.drafter_cache.append(self.drafter, torch.full((1,), slot, device=features.device), features[None],
                                   torch.arange(n, device=features.device)[None])
-        self.pending_count[slot] = 0
+        self.pending_count[slot].zero_()
 
     # The stages, as device work only (engine/static_step.py runs them on fixed shapes, in CUDA graphs).
 

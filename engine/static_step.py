@@ -163,28 +163,29 @@ class StaticStep:
     def admit(self, slot: int, prompt_len: int, first_token: torch.Tensor) -> None:
         """A prefilled request's slot state (prefix, bonus) on the device, and its first token on its
         way to the host (`first_token` reads it): no wait here, so admitting keeps the GPU busy."""
-        self.slot_state[PREFIX, slot] = prompt_len
-        self.slot_state[BONUS, slot] = first_token.reshape(())
+        self.slot_state[PREFIX, slot].fill_(prompt_len)  # a kernel; `x[i] = int` would copy from the host and wait
+        self.slot_state[BONUS, slot].copy_(first_token.reshape(()))
         self.first_tokens[slot:slot + 1].copy_(first_token.reshape(1), non_blocking=True)
-        if self.first_events[slot] is not None:
-            self.first_events[slot].record()
+        self._record(self.first_events[slot])
 
     def first_token(self, slot: int) -> int:
         """The first token of the request admitted into `slot`, once on the host."""
-        if self.first_events[slot] is not None:
-            self.first_events[slot].synchronize()
+        _wait_unless_done(self.first_events[slot])  # mostly done: the first commit landed after it
         return int(self.first_tokens[slot])
 
     def fill(self, columns: list[list[int]]) -> BucketStep:
         """Copy one value per request and HOST_INPUTS row into the input buffer, padded to a bucket."""
         bucket = bucket_for(self.buckets, len(columns[0]))
         buffer = self.launches % 2
-        if self.landed_events[buffer] is not None:  # the step two launches back is done with both buffers
-            self.landed_events[buffer].synchronize()
+        _wait_unless_done(self.landed_events[buffer])  # the step two launches back is done with both buffers
         staged = self.staged_inputs[buffer]
         padded = [column + [pad] * (bucket - len(column)) for column, pad in zip(columns, self.padding)]
         staged[:, :bucket] = torch.tensor(padded, dtype=torch.int64)
-        self.inputs[:HOST_INPUTS, :bucket].copy_(staged[:, :bucket], non_blocking=True)
+        # Row by row: a row's first `bucket` values are contiguous, so each copy goes straight from
+        # pinned memory; a [rows, :bucket] block is not, and PyTorch would stage it through pageable
+        # memory (a copy that may wait for the GPU).
+        for row in range(HOST_INPUTS):
+            self.inputs[row, :bucket].copy_(staged[row, :bucket], non_blocking=True)
         return self.bucket_steps[bucket]
 
     def run_stages(self, step: BucketStep, requests: int) -> None:
@@ -211,11 +212,22 @@ class StaticStep:
         """The step's committed rows on their way to the host (inside `sampling`): no wait."""
         step = launched.step
         self.landed[launched.buffer][:step.slots.shape[0]].copy_(step.committed_rows(), non_blocking=True)
-        if self.landed_events[launched.buffer] is not None:
-            self.landed_events[launched.buffer].record()
+        self._record(self.landed_events[launched.buffer])
 
     def land(self, launched: Launched) -> list[list[int]]:
         """The step's committed rows on the host, one per request: the step's one wait."""
         if self.landed_events[launched.buffer] is not None:
             self.landed_events[launched.buffer].synchronize()
         return self.landed[launched.buffer][:len(launched.request_ids)].tolist()
+
+    def _record(self, event: torch.cuda.Event | None) -> None:
+        """Record on the engine's device's stream (the current device may be another GPU)."""
+        if event is not None:
+            event.record(torch.cuda.current_stream(self.inputs.device))
+
+
+def _wait_unless_done(event: torch.cuda.Event | None) -> None:
+    """Wait for `event` only if it is pending: a done one costs a query, not a call that ddprof
+    counts as waiting for the GPU (the step's one wait stays `land`'s)."""
+    if event is not None and not event.query():
+        event.synchronize()
