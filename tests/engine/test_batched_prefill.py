@@ -7,7 +7,6 @@ eager, static-shape and overlapped steps. The `gpu` tests run the same on CUDA w
 """
 
 import json
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from tests.engine.gpu_builder import models_for_gpu_builder
 from tests.engine.test_cli_errors import SERVE, assert_one_line
 from tests.engine.test_cli_errors import engine as run_engine
 from tests.engine.test_lossless import PROMPTS, encode
+from tests.engine.test_overlap import ar_greedy, ar_sampled, models_for, recorded_nvtx  # noqa: F401 (fixtures)
 from tests.engine.test_static_step import BUILDERS, decode, requests
 
 # Prompt-token budgets: 48 splits requests() (prompts of 4, 41, 2, 12, 41 tokens) into batches of
@@ -31,20 +31,6 @@ BUDGETS = (48, 10_000)
 STEPS = [pytest.param({}, id="eager"), pytest.param({"static_shapes": True}, id="static"),
          pytest.param({"overlap": True}, id="overlap")]
 CASES = [(5, 5), (8, 3)]  # (slots, concurrency): all admitted at once; admissions mid-flight
-
-
-@pytest.fixture(scope="module")
-def ar_greedy(trained):
-    return decode(trained, mode="ar")[0]
-
-
-@pytest.fixture(scope="module")
-def ar_sampled(trained):
-    return decode(trained, mode="ar", temperature=0.8)[0]
-
-
-def models_for(trained, builder):
-    return trained if builder == "cpu" else models_for_gpu_builder(trained)
 
 
 def prefill_alone_and_together(target, feature_layers, prompts):
@@ -188,16 +174,7 @@ def test_requests_that_stop_at_their_batched_prefill(trained):
 def test_one_prefill_range_per_batch_holding_no_stage(trained):
     target, drafter = trained
     eng = Engine(target, drafter, budget=6, n_slots=4, max_len=160, overlap=True)
-    events = []
-
-    @contextmanager
-    def recorded(name):
-        events.append(("push", name))
-        yield
-        events.append(("pop", name))
-
-    eng.nvtx.range = recorded
-    eng.nvtx.mark = lambda name, payload: None
+    events = recorded_nvtx(eng)
     result = serve(eng, requests(), 4, prefill_tokens=10_000)
     prefills = [i for i, event in enumerate(events) if event == ("push", PREFILL)]
     assert len(prefills) == result.prefills < len(requests())
