@@ -189,13 +189,11 @@ class Engine:
             raise EngineError(f"request {request_id!r} is already admitted")
         if any(a.request_id == request_id for a in earlier):
             raise EngineError(f"request {request_id!r} appears twice in one admission")
-        index = len(earlier)
         if not prompt_tokens or max_new_tokens < 1:
             raise EngineError(f"request {request_id!r}: needs a non-empty prompt and max_new_tokens >= 1")
-        rows = len(prompt_tokens) + max_new_tokens + self.block_rows
-        if index >= self.cache.n_free or not self.cache.can_hold(rows):
-            raise EngineError(f"request {request_id!r}: no free slot with {rows} rows (max_len {self.cache.max_len}, "
-                              f"{self.cache.n_free - index} slots free)")
+        if not self.can_admit(len(prompt_tokens), max_new_tokens, after=len(earlier)):
+            raise EngineError(f"request {request_id!r}: no free slot with {len(prompt_tokens) + max_new_tokens + self.block_rows} "
+                              f"rows (max_len {self.cache.max_len}, {self.cache.n_free - len(earlier)} slots free)")
         seed = zlib.crc32(repr(request_id).encode()) if admission.seed is None else admission.seed
         if not 0 <= seed < MAX_SEED:
             raise EngineError(f"request {request_id!r}: seed must be in [0, 2**32), got {seed}")
