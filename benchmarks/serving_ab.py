@@ -1,5 +1,5 @@
 """Two ways of serving the same workload, timed in one process: the harness behind the A/B
-benchmarks (builder_ab.py, moe_dispatch_ab.py). Machine noise on the H200 host moves single runs by
+benchmarks (builder_ab.py, moe_dispatch_ab.py, prefill_ab.py, ...). Machine noise on the H200 host moves single runs by
 up to 1.5x, so a verdict needs rounds, not one run of each.
 
 An untimed pass of the workload per variant comes first (the first round paid for compiling every
@@ -28,6 +28,7 @@ from engine.generate import load_models
 from engine.model import set_batch_invariant
 from engine.scheduler import serve
 from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up
+from engine.serve_defaults import DEFAULT_PREFILL_TOKENS
 from engine.tokenizer import load_tokenizer
 from engine.workloads import Request, generate
 
@@ -75,12 +76,14 @@ class Workload:
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
         return engine
 
-    def serve(self, engine: Engine, numerics: str = "") -> dict:
-        """Serve every request once; tokens, steps, wall time and tok/s. Exits if the tokens differ
-        from the first run's: of the same `numerics`, when the variants round differently (each then
-        decodes its own greedy tokens, the same in every round)."""
+    def serve(self, engine: Engine, numerics: str = "", prefill_tokens: int = DEFAULT_PREFILL_TOKENS) -> dict:
+        """Serve every request once (`prefill_tokens`: the scheduler's prefill batches); tokens,
+        steps, prefills, wall time and tok/s. Exits if the tokens differ from the first run's: of the
+        same `numerics`, when the variants round differently (each then decodes its own greedy tokens,
+        the same in every round)."""
         start = time.perf_counter()
-        result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id)
+        result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id,
+                       prefill_tokens=prefill_tokens)
         if self.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
@@ -88,7 +91,7 @@ class Workload:
         if result.tokens != first:
             sys.exit(f"runs{' of ' + numerics if numerics else ''} decoded different tokens: each must be a "
                      "faster way to the same greedy result")
-        return {"tokens": result.generated_tokens, "steps": result.steps, "wall_s": wall,
+        return {"tokens": result.generated_tokens, "steps": result.steps, "prefills": result.prefills, "wall_s": wall,
                 "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s,
                 "decode_tok_per_s": result.step_tokens / result.step_s}
 

@@ -1,5 +1,5 @@
 """A/B result files (benchmarks/serving_ab.py: builder_ab_*.json, moe_dispatch_ab_*.json,
-batch_invariant_ab_*.json, cuda_graphs_ab_*.json, overlap_ab_*.json) as evidence.
+batch_invariant_ab_*.json, cuda_graphs_ab_*.json, overlap_ab_*.json, prefill_ab_*.json) as evidence.
 
 A single capture of each builder cannot say whether a 1.2x tok/s gap is the builder or the host:
 single runs on the H200 host vary by up to 1.5x. A paired A/B can: each round runs both variants
@@ -24,7 +24,8 @@ from ddprof.errors import DdprofError
 from ddprof.execution import check_cuda_graphs, execution_of
 
 BENCHMARKS = {"builder_ab": "builder", "moe_dispatch_ab": "dispatch",  # benchmark -> the field naming a row's variant
-              "batch_invariant_ab": "numerics", "cuda_graphs_ab": "execution", "overlap_ab": "scheduling"}
+              "batch_invariant_ab": "numerics", "cuda_graphs_ab": "execution", "overlap_ab": "scheduling",
+              "prefill_ab": "prefill"}
 VARIANT_NAMES = {"cpu": "CPU heapq", "gpu": "GPU builder", "graphs": "CUDA graphs"}
 # The settings a capture pair must share with an A/B for the A/B to speak for it (and its execution).
 MATCHED_SETTINGS = ("model", "workload", "concurrency", "budget")

@@ -75,6 +75,7 @@ class CaptureRequest:
     batch_invariant: bool | None = None
     cuda_graphs: bool | None = None
     overlap: bool | None = None
+    prefill_tokens: int | None = None  # prompt tokens per batched prefill (engine serve --prefill-tokens)
     ranks: int | None = None  # expert-parallel processes: one report holds every rank's process
     timeout_s: float = 1800
 
@@ -110,7 +111,7 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
     for flag, value in (("--model", request.model), ("--builder", request.builder),
                         ("--budget", request.budget), ("--requests", request.requests),
                         ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed),
-                        ("--ranks", request.ranks)):
+                        ("--ranks", request.ranks), ("--prefill-tokens", request.prefill_tokens)):
         if value is not None:
             command += [flag, str(value)]
     for flag, on in (("batch-invariant", request.batch_invariant), ("cuda-graphs", request.cuda_graphs),

@@ -72,6 +72,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
                      "recorded before the profiled part (default: on for DDTree on CUDA with one rank, off elsewhere).")
 OVERLAP_HELP = serve_defaults.OVERLAP_HELP[0].upper() + serve_defaults.OVERLAP_HELP[1:] + "."
+PREFILL_TOKENS_HELP = ("Prompt tokens one batched prefill may hold: the requests admitted before a step are "
+                       "prefilled together, one forward per batch, a longer prompt alone (default: "
+                       f"{serve_defaults.DEFAULT_PREFILL_TOKENS}, one request at a time until verified on a GPU).")
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
 
@@ -94,6 +97,7 @@ def capture(
     cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
                                      show_default=False),
     overlap: bool = typer.Option(None, "--overlap/--no-overlap", help=OVERLAP_HELP, show_default=False),
+    prefill_tokens: int = typer.Option(None, help=PREFILL_TOKENS_HELP, show_default=False),
     ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
                                          "the report holds every rank's process (default: 1)."),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
@@ -108,7 +112,8 @@ def capture(
     # The engine validates its own arguments (`serve --check`) before nsys starts.
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
-                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap, ranks=ranks,
+                             batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap,
+                             prefill_tokens=prefill_tokens, ranks=ranks,
                              timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
@@ -371,6 +376,7 @@ def sweep(
     cuda_graphs: bool = typer.Option(None, "--cuda-graphs/--no-cuda-graphs", help=CUDA_GRAPHS_HELP,
                                      show_default=False),
     overlap: bool = typer.Option(None, "--overlap/--no-overlap", help=OVERLAP_HELP, show_default=False),
+    prefill_tokens: int = typer.Option(None, help=PREFILL_TOKENS_HELP, show_default=False),
     out_dir: Path = typer.Option(Path("traces/sweep"), readable=False,
                                  help="Folder for the captures (NAME.nsys-rep/.sqlite/.json)."),
     dashboard_out: Path = typer.Option(None, "--dashboard", readable=False,
@@ -397,7 +403,8 @@ def sweep(
                 budgets=_grid_values("--budget", budget, machine["budgets"], int),
                 model=given(model, "model"), requests=given(requests, "requests"),
                 max_new_tokens=given(max_new_tokens, "max_new_tokens"), workload=workload, seed=seed,
-                batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap, out_dir=out_dir)
+                batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap,
+                prefill_tokens=prefill_tokens, out_dir=out_dir)
     dashboard_out = dashboard_out or Path("dashboards") / f"{out_dir.resolve().name or 'sweep'}.html"
     evidence = [read_ab(path) for path in ab or ()]  # before the captures: a bad file must not cost a sweep
     points = grid.points()

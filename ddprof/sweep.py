@@ -37,6 +37,7 @@ class Grid:
     batch_invariant: bool = True
     cuda_graphs: bool | None = None  # None: the engine's default (on for DDTree on CUDA)
     overlap: bool | None = None  # None: the engine's default (on where the static-shape step runs)
+    prefill_tokens: int | None = None  # None: the engine's default (one request per prefill)
     out_dir: Path = field(default=Path("traces/sweep"))
 
     def __post_init__(self) -> None:
@@ -53,6 +54,8 @@ class Grid:
             small = [v for v in values if v < 1]
             if small:
                 raise DdprofError(f"sweep: --{flag} must be at least 1 (got {small[0]})")
+        if self.prefill_tokens is not None and self.prefill_tokens < 0:
+            raise DdprofError(f"sweep: --prefill-tokens must be at least 0 (got {self.prefill_tokens})")
 
     def title(self) -> str:
         """The page's title: what was swept, e.g. "ddprof sweep: chat on tiny, concurrency 1,2,4 x builder cpu,gpu x budget 8"."""
@@ -67,7 +70,7 @@ class Grid:
         return [CaptureRequest(workload=self.workload, concurrency=concurrency, model=self.model, builder=builder,
                                budget=budget, requests=self.requests, max_new_tokens=self.max_new_tokens,
                                seed=self.seed, batch_invariant=self.batch_invariant, cuda_graphs=self.cuda_graphs,
-                               overlap=self.overlap,
+                               overlap=self.overlap, prefill_tokens=self.prefill_tokens,
                                out=self.out_dir / self.capture_name(concurrency, builder, budget))
                 for budget, concurrency, builder in itertools.product(self.budgets, self.concurrency, self.builders)]
 

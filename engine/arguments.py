@@ -19,6 +19,14 @@ def at_least_one(args, *names: str) -> None:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
 
 
+def at_least_zero(args, *names: str) -> None:
+    """Counts where 0 means "none" (--prefill-tokens 0: no batching) and only negatives are wrong."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 0:
+            raise EngineError(f"--{name.replace('_', '-')} must be at least 0 (got {value})")
+
+
 def temperature(value: float) -> None:
     from engine.sampling import MIN_TEMPERATURE, valid_temperature
 

@@ -9,7 +9,8 @@ A scheduler drives it:
 
 Each `step` is one NVTX range `step` holding the decode stages, followed by a `tokens` mark whose
 payload is the number of tokens committed (whole batch); `admit` runs the prompt as a `prefill`
-range. A request's tokens never depend on what else is in the batch (see model.linear and
+range, `admit_many` several prompts as one forward inside one `prefill` range. A request's tokens
+never depend on what else is in the batch, nor on what it was prefilled with (see model.linear and
 attention.tree_attention). `static_shapes` runs the static-shape step (engine/static_step.py),
 `cuda_graphs` replays it as CUDA graphs recorded here, before any request (engine/cuda_graphs.py).
 `overlap` (the static-shape step) launches step N+1 before step N's tokens reach the host: `step`
@@ -63,6 +64,17 @@ class Request:
     accept_lengths: list[int] = field(default_factory=list)
     done: bool = False
     first_pending: bool = True  # the prefill's first token is not on the host yet (static-shape step)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One request to admit: `Engine.admit`'s arguments, so several can be admitted as one batch."""
+
+    request_id: Hashable
+    prompt_tokens: list[int]
+    max_new_tokens: int
+    eos_id: int | None = None
+    seed: int | None = None
 
 
 @dataclass
@@ -127,11 +139,11 @@ class Engine:
         """Requests still decoding (admitted, not finished)."""
         return sum(not r.done for r in self.requests.values())
 
-    def can_admit(self, prompt_len: int, max_new_tokens: int) -> bool:
-        """A free slot, with room for the prompt, every new token and one step's block."""
-        return self.cache.can_hold(prompt_len + max_new_tokens + self.block_rows)
+    def can_admit(self, prompt_len: int, max_new_tokens: int, after: int = 0) -> bool:
+        """A free slot, with room for the prompt, every new token and one step's block, once `after`
+        requests admitted with it (one batch) took a slot each."""
+        return self.cache.n_free > after and self.cache.can_hold(prompt_len + max_new_tokens + self.block_rows)
 
-    @torch.no_grad()
     def admit(self, request_id: Hashable, prompt_tokens: list[int], max_new_tokens: int,
               eos_id: int | None = None, seed: int | None = None) -> None:
         """Prefill the prompt into a fresh slot; its first new token is emitted right away (with the
@@ -140,30 +152,52 @@ class Engine:
         `seed` (0 <= seed < 2**32) fixes the request's samples at temperature > 0; by default it is
         derived from the request id, so a request decodes the same way in any batch.
         """
+        self.admit_many([Admission(request_id, prompt_tokens, max_new_tokens, eos_id, seed)])
+
+    @torch.no_grad()
+    def admit_many(self, admissions: list[Admission]) -> None:
+        """`admit` for several requests, their prompts prefilled in one forward (one `prefill`
+        range; `TargetModel.prefill_many`): each request's tokens are those it gets admitted alone.
+        Every request is checked before any is admitted, so a refused batch admits none."""
+        if not admissions:
+            return
+        seeds = [self._checked_seed(a, admissions[:index]) for index, a in enumerate(admissions)]
+        slots = [self.cache.allocate() for _ in admissions]
+        prompt_lens = [len(a.prompt_tokens) for a in admissions]
+        with self.nvtx.range(PREFILL):
+            prompts = [torch.tensor(a.prompt_tokens, dtype=torch.int64, device=self.device) for a in admissions]
+            logits, features = self.model.prefill_many(prompts, self.cache.kv, slots, self.decoder.feature_layers)
+            for slot, prompt_features in zip(slots, features or [None] * len(slots)):
+                self.decoder.after_prefill(slot, prompt_features)
+            firsts = choose_tokens(logits, self._tensor(prompt_lens), self._tensor(seeds), self.temperature)
+            if self.static_step is not None:  # the first tokens reach the host at the requests' first commit
+                for i, slot in enumerate(slots):
+                    self.static_step.admit(slot, prompt_lens[i], firsts[i])
+        emitted = firsts.tolist() if self.static_step is None else None
+        for i, (admission, slot, seed) in enumerate(zip(admissions, slots, seeds)):
+            request = Request(slot, admission.max_new_tokens, admission.eos_id, seed, prefix_len=prompt_lens[i],
+                              target_forwards=1)
+            self.requests[admission.request_id] = request
+            if emitted is not None:
+                self._emit_first(request, emitted[i])
+
+    def _checked_seed(self, admission: Admission, earlier: list[Admission]) -> int:
+        """The request's seed, once it passes `admit`'s checks after the `earlier` requests of its
+        batch (each of which takes a free slot)."""
+        request_id, prompt_tokens, max_new_tokens = admission.request_id, admission.prompt_tokens, admission.max_new_tokens
         if request_id in self.requests:
             raise EngineError(f"request {request_id!r} is already admitted")
+        if any(a.request_id == request_id for a in earlier):
+            raise EngineError(f"request {request_id!r} appears twice in one admission")
         if not prompt_tokens or max_new_tokens < 1:
             raise EngineError(f"request {request_id!r}: needs a non-empty prompt and max_new_tokens >= 1")
-        if not self.can_admit(len(prompt_tokens), max_new_tokens):
+        if not self.can_admit(len(prompt_tokens), max_new_tokens, after=len(earlier)):
             raise EngineError(f"request {request_id!r}: no free slot with {len(prompt_tokens) + max_new_tokens + self.block_rows} "
-                              f"rows (max_len {self.cache.max_len}, {self.cache.n_free} slots free)")
-        if seed is None:
-            seed = zlib.crc32(repr(request_id).encode())
+                              f"rows (max_len {self.cache.max_len}, {self.cache.n_free - len(earlier)} slots free)")
+        seed = zlib.crc32(repr(request_id).encode()) if admission.seed is None else admission.seed
         if not 0 <= seed < MAX_SEED:
             raise EngineError(f"request {request_id!r}: seed must be in [0, 2**32), got {seed}")
-        slot = self.cache.allocate()
-        request = Request(slot, max_new_tokens, eos_id, seed)
-        with self.nvtx.range(PREFILL):
-            tokens = torch.tensor(prompt_tokens, dtype=torch.int64, device=self.device)
-            logits, features = self.model.prefill(tokens, self.cache.kv, slot, self.decoder.feature_layers)
-            self.decoder.after_prefill(slot, features)
-            first = choose_tokens(logits, self._tensor(len(prompt_tokens)), self._tensor(seed), self.temperature)
-            if self.static_step is not None:  # the first token reaches the host at the request's first commit
-                self.static_step.admit(slot, len(prompt_tokens), first)
-        request.prefix_len, request.target_forwards = len(prompt_tokens), 1
-        self.requests[request_id] = request
-        if self.static_step is None:
-            self._emit_first(request, int(first))
+        return seed
 
     def _emit_first(self, request: Request, first: int) -> None:
         request.bonus, request.first_pending = first, False

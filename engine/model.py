@@ -579,10 +579,29 @@ class TargetModel(nn.Module):
 
         Returns the logits after the last token [vocab] and the features [n, ...] of every token.
         """
-        positions = torch.arange(tokens.shape[0], device=tokens.device)
-        x, features = self._run_layers(
-            self.embed(tokens), lambda i, attn, h: attn.decompressed(h, positions, kv[i], slot), feature_layers)
-        return self.logits(x[-1:])[0], features
+        logits, features = self.prefill_many([tokens], kv, [slot], feature_layers)
+        return logits[0], None if features is None else features[0]
+
+    def prefill_many(self, prompts: list[torch.Tensor], kv: torch.Tensor, slots: list[int],
+                     feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Several prompts [n_i] into rows [0, n_i) of their slots in one forward: the prompts'
+        rows concatenated, so every row-wise op (embedding, norms, projections, MoE, lm_head)
+        launches once for all of them, while each prompt attends only over itself. A row computes
+        exactly as in its prompt's own prefill wherever `linear` and the MoE are batch-invariant
+        (the default; not promised under `plain_matmuls`).
+
+        Returns the logits after each prompt's last token [P, vocab] and each prompt's features.
+        """
+        lengths = [p.shape[0] for p in prompts]
+        positions = [torch.arange(n, device=p.device) for n, p in zip(lengths, prompts)]
+
+        def attend(i, attn, h):
+            parts = zip(h.split(lengths), positions, slots)
+            return torch.cat([attn.decompressed(part, pos, kv[i], slot) for part, pos, slot in parts])
+
+        x, features = self._run_layers(self.embed(torch.cat(prompts)), attend, feature_layers)
+        last_rows = torch.tensor(lengths, device=x.device).cumsum(0) - 1
+        return self.logits(x[last_rows]), None if features is None else list(features.split(lengths))
 
 
 def init_random(module: nn.Module, seed: int, std: float = 0.02, *, whole: nn.Module | None = None) -> None:

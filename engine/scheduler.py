@@ -2,7 +2,9 @@
 
 Requests wait in a FIFO queue. Before every decode step the scheduler admits (prefills) queued
 requests while fewer than `concurrency` are in flight and the engine's KV cache has room for the
-next one; when it has none, the queue waits -- the cache is never over-committed. One
+next one; when it has none, the queue waits -- the cache is never over-committed. The requests
+admitted before a step are prefilled in batches (`Engine.admit_many`: one forward each) of at most
+`prefill_tokens` prompt tokens; a longer prompt is prefilled alone, and 0 prefills one at a time. One
 `engine.step()` then advances every request in flight by one batched decode step; requests that
 finished (EOS or their token budget) leave and free their slot for the queue.
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.errors import EngineError
+from engine.serve_defaults import DEFAULT_PREFILL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class ServeResult:
     tokens: dict[int, list[int]] = field(default_factory=dict)  # request id -> every token generated
     target_forwards: int = 0  # prefills + per-request decode steps
     steps: int = 0
+    prefills: int = 0  # prefill forwards (batches of requests admitted together)
     step_tokens: int = 0
     # Host seconds inside the decode steps: a step returns its committed tokens, so it has waited for
     # their GPU work (overlapped: the step before's, while its own runs); what serving spends on
@@ -56,22 +60,26 @@ class ServeResult:
 
 
 def serve(engine, requests: Iterable[Request], concurrency: int, *, eos_id: int | None = None,
-          on_finished: Callable[[int, list[int]], None] | None = None) -> ServeResult:
+          on_finished: Callable[[int, list[int]], None] | None = None,
+          prefill_tokens: int = DEFAULT_PREFILL_TOKENS) -> ServeResult:
     """Run `requests` to completion through `engine` (an engine.engine.Engine).
 
     `on_finished(request_id, tokens)` is called as each request leaves the batch.
     """
+    from engine.engine import Admission  # here: engine.engine loads torch, which `serve --check` never needs
+
     if concurrency < 1:
         raise EngineError(f"concurrency must be at least 1 (got {concurrency})")
+    if prefill_tokens < 0:
+        raise EngineError(f"prefill tokens must be at least 0 (got {prefill_tokens})")
     queue = deque(requests)
     result = ServeResult()
     while queue or engine.active:
         admitted = 0
-        while queue and engine.active < concurrency and engine.can_admit(
-                len(queue[0].prompt_tokens), queue[0].max_new_tokens):
-            request = queue.popleft()
-            engine.admit(request.request_id, request.prompt_tokens, request.max_new_tokens, eos_id=eos_id)
-            admitted += 1
+        while batch := _prefill_batch(engine, queue, concurrency, prefill_tokens):
+            engine.admit_many([Admission(r.request_id, r.prompt_tokens, r.max_new_tokens, eos_id) for r in batch])
+            admitted += len(batch)
+            result.prefills += 1
         if engine.active:
             start = time.perf_counter()
             committed = engine.step()
@@ -90,3 +98,18 @@ def serve(engine, requests: Iterable[Request], concurrency: int, *, eos_id: int 
             if on_finished:
                 on_finished(request_id, done.tokens)
     return result
+
+
+def _prefill_batch(engine, queue: deque[Request], concurrency: int, prefill_tokens: int) -> list[Request]:
+    """The queue's next requests that fit in flight and in the cache, taken off the queue: as many
+    as `prefill_tokens` prompt tokens hold, and always the first one (a prompt longer than the budget
+    is prefilled alone)."""
+    batch: list[Request] = []
+    tokens = 0
+    while queue and engine.active + len(batch) < concurrency and engine.can_admit(
+            len(queue[0].prompt_tokens), queue[0].max_new_tokens, after=len(batch)):
+        if batch and tokens + len(queue[0].prompt_tokens) > prefill_tokens:
+            break
+        tokens += len(queue[0].prompt_tokens)
+        batch.append(queue.popleft())
+    return batch

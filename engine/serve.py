@@ -35,7 +35,7 @@ from engine.ranks import launch
 from engine.scheduler import Request, ServeResult, serve
 from engine.stages import RANK_MARK
 from engine.serve_defaults import (DEFAULT_BUDGET, DEFAULT_BUILDER, DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS,
-                                   DEFAULT_MODEL, DEFAULT_REQUESTS, DEFAULT_SEED)
+                                   DEFAULT_MODEL, DEFAULT_PREFILL_TOKENS, DEFAULT_REQUESTS, DEFAULT_SEED)
 from engine.tokenizer import load_tokenizer
 from engine.workloads import WORKLOADS, generate
 
@@ -66,6 +66,10 @@ def register(subcommands) -> None:
     arguments.add_batch_invariant(parser)
     arguments.add_cuda_graphs(parser)
     arguments.add_overlap(parser)
+    parser.add_argument("--prefill-tokens", type=int, default=DEFAULT_PREFILL_TOKENS,
+                        help="prompt tokens one batched prefill may hold: the requests admitted before a step are "
+                             "prefilled together, one forward per batch; a longer prompt alone (default "
+                             f"{DEFAULT_PREFILL_TOKENS}: one request at a time, until batched prefill is verified on a GPU)")
     parser.add_argument("--ranks", type=int, default=None,
                         help="expert-parallel processes (default 1, or torchrun's WORLD_SIZE); each holds 1/N of "
                              "every MoE layer's routed experts")
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     arguments.at_least_one(args, "concurrency", "budget", "requests", "max_new_tokens", "ranks")
+    arguments.at_least_zero(args, "prefill_tokens")
     _check_request_count(args.requests, args.workload)
     ranks = arguments.ranks(args.ranks, args.rank_timeout)
     arguments.cpu_threads(args.cpu_threads)
@@ -177,7 +182,7 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     progress.start()
     start = time.perf_counter()
     result = serve(engine, requests, args.concurrency, eos_id=tokenizer.eos_id,
-                   on_finished=lambda request_id, tokens: progress.advance())
+                   on_finished=lambda request_id, tokens: progress.advance(), prefill_tokens=args.prefill_tokens)
     if device == "cuda":
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
@@ -219,6 +224,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "graph_record_s": round(graphs.record_s, 6) if graphs else None,
         "graph_pool_bytes": graphs.pool_bytes if graphs else None,
         "overlap": args.overlap, "overlap_scope": arguments.overlap_scope(args.overlap, args.builder),
+        "prefill_token_budget": args.prefill_tokens, "prefills": result.prefills,
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED), "dtype": dtype,
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),

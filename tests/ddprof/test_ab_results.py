@@ -13,7 +13,8 @@ from ddprof.errors import DdprofError
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 # benchmark -> (the field naming a row's variant, variant A, variant B), as benchmarks/serving_ab.py writes them
-VARIANTS = {"builder_ab": ("builder", "cpu", "gpu"), "cuda_graphs_ab": ("execution", "eager", "graphs")}
+VARIANTS = {"builder_ab": ("builder", "cpu", "gpu"), "cuda_graphs_ab": ("execution", "eager", "graphs"),
+            "prefill_ab": ("prefill", "one-by-one", "batched")}
 
 
 def write_ab(path, ratios, *, decode_ratios=None, benchmark="builder_ab", **settings):

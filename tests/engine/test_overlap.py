@@ -99,11 +99,8 @@ def test_overlap_with_requests_that_stop_at_their_prefill(trained):
     assert want[0] == reference[0][:1] and want[1] == [eos]
 
 
-def test_overlapped_steps_keep_the_nvtx_contract(trained):
-    """Each step is one `step` range holding the six stage ranges on the calling thread, then one
-    `tokens` mark: what that step's `sampling` committed (the step before's tokens)."""
-    target, drafter = trained
-    eng = Engine(target, drafter, budget=6, n_slots=3, max_len=160, overlap=True)
+def recorded_nvtx(eng):
+    """The engine's NVTX ranges (("push" | "pop", name)) and marks ((name, payload)) as it emits them."""
     events = []
 
     @contextmanager
@@ -114,6 +111,15 @@ def test_overlapped_steps_keep_the_nvtx_contract(trained):
 
     eng.nvtx.range = recorded
     eng.nvtx.mark = lambda name, payload: events.append((name, payload))
+    return events
+
+
+def test_overlapped_steps_keep_the_nvtx_contract(trained):
+    """Each step is one `step` range holding the six stage ranges on the calling thread, then one
+    `tokens` mark: what that step's `sampling` committed (the step before's tokens)."""
+    target, drafter = trained
+    eng = Engine(target, drafter, budget=6, n_slots=3, max_len=160, overlap=True)
+    events = recorded_nvtx(eng)
     result = serve(eng, requests()[:4], 3)
     steps = [i for i, event in enumerate(events) if event == ("push", STEP)]
     assert len(steps) == result.steps

@@ -36,12 +36,13 @@ def requests():
 
 
 def decode(models, *, mode="ddtree", builder="cpu", budget=6, n_slots=5, concurrency=5, temperature=0.0,
-           **engine_options):
-    """Serve `requests()` through the scheduler: `concurrency` < 5 admits requests mid-flight."""
+           prefill_tokens=0, **engine_options):
+    """Serve `requests()` through the scheduler: `concurrency` < 5 admits requests mid-flight;
+    `prefill_tokens` > 0 prefills them in batches."""
     target, drafter = models
     eng = Engine(target, drafter, budget=budget, builder=builder, mode=mode, n_slots=n_slots, max_len=160,
                  nvtx=False, temperature=temperature, **engine_options)
-    result = serve(eng, requests(), concurrency)
+    result = serve(eng, requests(), concurrency, prefill_tokens=prefill_tokens)
     return result.tokens, eng
 
 
