@@ -37,6 +37,7 @@ from engine.cuda_graphs import GraphRecording, record_graphs, require_graphable
 from engine.ddtree import SAMPLING, ARDecoder, DDTreeDecoder, DecodeBatch, StepResult, apply_stop_rules, commit
 from engine.drafter import Drafter
 from engine.errors import EngineError
+from engine.host_to_device import int64_on
 from engine.kv_cache import LatentKVCache
 from engine.model import TargetModel
 from engine.nvtx_ranges import Nvtx
@@ -165,7 +166,7 @@ class Engine:
         slots = [self.cache.allocate() for _ in admissions]
         prompt_lens = [len(a.prompt_tokens) for a in admissions]
         with self.nvtx.range(PREFILL):
-            prompts = [torch.tensor(a.prompt_tokens, dtype=torch.int64, device=self.device) for a in admissions]
+            prompts = [int64_on(a.prompt_tokens, self.device) for a in admissions]
             logits, features = self.model.prefill_many(prompts, self.cache.kv, slots, self.decoder.feature_layers)
             for slot, prompt_features in zip(slots, features or [None] * len(slots)):
                 self.decoder.after_prefill(slot, prompt_features)
@@ -286,7 +287,7 @@ class Engine:
         return self.requests[request_id]
 
     def _tensor(self, values: list[int] | int) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
+        return int64_on(values, self.device)
 
     @staticmethod
     def _is_done(request: Request) -> bool:

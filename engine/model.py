@@ -9,6 +9,7 @@ names follow the DeepSeek-V3 / Kimi-K2 checkpoints (`model.layers.N.self_attn.q_
 
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import contextmanager
 
@@ -19,6 +20,7 @@ from torch import nn
 from engine.attention import tree_attention
 from engine.config import ModelConfig
 from engine.expert_parallel import ExpertParallel
+from engine.host_to_device import int64_on
 
 # --- Numerics that do not depend on batch composition -------------------------------------------
 
@@ -600,7 +602,7 @@ class TargetModel(nn.Module):
             return torch.cat([attn.decompressed(part, pos, kv[i], slot) for part, pos, slot in parts])
 
         x, features = self._run_layers(self.embed(torch.cat(prompts)), attend, feature_layers)
-        last_rows = torch.tensor(lengths, device=x.device).cumsum(0) - 1
+        last_rows = int64_on([end - 1 for end in itertools.accumulate(lengths)], x.device)
         return self.logits(x[last_rows]), None if features is None else list(features.split(lengths))
 
 
