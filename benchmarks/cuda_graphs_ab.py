@@ -46,5 +46,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except EngineError as error:  # e.g. --cuda-graphs without CUDA
+    except EngineError as error:  # e.g. on a machine without CUDA: graphs need it
         sys.exit(f"cuda_graphs_ab: {error}")

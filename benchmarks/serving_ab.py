@@ -93,7 +93,7 @@ class Workload:
                      "faster way to the same greedy result")
         return {"tokens": result.generated_tokens, "steps": result.steps, "prefills": result.prefills, "wall_s": wall,
                 "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s,
-                "decode_tok_per_s": result.step_tokens / result.step_s}
+                "decode_tok_per_s": result.step_tokens / result.step_s if result.step_s else None}
 
 
 def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds: int, field: str
@@ -111,9 +111,11 @@ def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds:
         for variant in variants if round_ % 2 == 0 else variants[::-1]:
             rows.append(row := {"round": round_, field: variant, **run(variant)})
             print(f"{round_:5} {variant:>12} {row['tokens']:7} {row['steps']:6} {row['wall_s']:8.3f} "
-                  f"{row['tok_per_s']:8.1f} {row['decode_tok_per_s']:12.1f}")
+                  f"{row['tok_per_s']:8.1f} {row['decode_tok_per_s'] or 0:12.1f}")
     verdict = {}
     for rate, label in (("tok_per_s", "tok/s"), ("decode_tok_per_s", "decode tok/s")):
+        if any(row[rate] is None for row in rows):  # no decode step ran (every answer done at its prefill)
+            continue
         prefix = "" if rate == "tok_per_s" else "decode_"
         median = {v: statistics.median(r[rate] for r in rows if r[field] == v) for v in variants}
         by_round = {(r["round"], r[field]): r[rate] for r in rows}

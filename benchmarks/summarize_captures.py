@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddprof.execution import execution_of  # noqa: E402
 from ddprof.gaps import host_gaps  # noqa: E402
 from ddprof.pipeline import analyse  # noqa: E402
 from ddprof.projection import crit_ms_per_step, tok_per_s_with_stage_cost_of  # noqa: E402
@@ -55,11 +56,6 @@ def summarise(folder: Path) -> dict:
     return {"runs": runs, "pairs": builder_pairs(runs)}
 
 
-def execution(meta: dict) -> str:
-    """How a capture ran its step: "graphs" or "eager" (captures from before graphs: eager)."""
-    return "graphs" if meta.get("cuda_graphs") else "eager"
-
-
 PAIR_KEY = ("model", "budget", "concurrency")
 
 
@@ -67,7 +63,7 @@ def builder_pairs(runs: list[dict]) -> list[dict]:
     """For every CPU-heapq run, the GPU-builder run of the same settings and execution: the measured
     tok/s ratio, and the CPU run's projection with tree_build at the GPU run's cost."""
     def key(run: dict) -> tuple:
-        return (*(run["meta"][k] for k in PAIR_KEY), execution(run["meta"]))
+        return (*(run["meta"][k] for k in PAIR_KEY), execution_of(run["meta"]))
 
     pairs = []
     for cpu in (r for r in runs if r["meta"]["builder"] == "cpu"):
@@ -75,7 +71,7 @@ def builder_pairs(runs: list[dict]) -> list[dict]:
         if gpu:
             projected = tok_per_s_with_stage_cost_of(cpu["breakdown"], gpu["breakdown"], "tree_build")
             pairs.append({
-                **dict(zip(PAIR_KEY, key(cpu))), "execution": execution(cpu["meta"]),
+                **dict(zip(PAIR_KEY, key(cpu))), "execution": execution_of(cpu["meta"]),
                 "cpu_tok_per_s": cpu["breakdown"]["tok_per_s"], "gpu_tok_per_s": gpu["breakdown"]["tok_per_s"],
                 "measured_ratio": gpu["breakdown"]["tok_per_s"] / cpu["breakdown"]["tok_per_s"],
                 "projected_gpu_tok_per_s": projected,

@@ -103,6 +103,9 @@ def cuda_graphs(on: bool | None, device: str, mode: str = "ddtree", ranks: int =
         from engine.cuda_graphs import require_graphable
 
         require_graphable(device, mode)
+        if ranks > 1:
+            raise EngineError(f"--cuda-graphs: one rank only (got {ranks}): the ranks' all-reduce inside a graph is "
+                              "not verified on a GPU")
     return on
 
 

@@ -11,7 +11,9 @@ before recording it (the peak of one eager step there, over what was allocated b
 whose graphs cannot fit in the free GPU memory is refused in one line before serving. Padding rows
 point at the scratch slot, so warm-up touches no request (there is none yet anyway).
 
-Not yet verified on a GPU: tests/engine/test_static_step.py holds the CUDA tests that do.
+Verified on the H200 (tests/engine/test_static_step.py's CUDA tests, at e248799) before the static
+step kept its slots' state on the device (engine/static_step.py): those tests run again first on
+the next GPU.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ run ahead of it. So this step
 Nothing in draft, tree_build (GPU builder), verify, accept or kv_compact reads the device from the
 host or makes a data-dependent shape, so each can be one CUDA graph per bucket
 (engine/cuda_graphs.py). Without graphs (on the CPU, or CUDA with --no-cuda-graphs) the same code
-runs eagerly. The padding changes no request's tokens: every op computes a row independently of
+runs eagerly where the engine asks for the static step (`static_shapes`, or --overlap); otherwise the
+engine runs `DDTreeDecoder.step`. The padding changes no request's tokens: every op computes a row independently of
 the others (model.linear, attention.tree_attention), and lossless decoding emits AR's tokens.
 """
 

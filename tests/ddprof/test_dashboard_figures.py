@@ -5,7 +5,6 @@ breakdown (ddprof.analysis) it must come from.
 """
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np

@@ -164,6 +164,8 @@ def test_graphs_by_default_only_where_they_run():
     assert cuda_graphs(None, "cuda") and cuda_graphs(None, "cuda", "ddtree", ranks=1)
     assert not cuda_graphs(None, "cpu") and not cuda_graphs(None, "cuda", "ar") and not cuda_graphs(None, "cuda", ranks=2)
     assert not cuda_graphs(False, "cuda")
+    with pytest.raises(EngineError, match="one rank only"):
+        cuda_graphs(True, "cuda", ranks=2)
 
 
 # --- CUDA: graphs on vs off, and no host wait inside a step -------------------------------------------
