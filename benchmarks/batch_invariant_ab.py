@@ -16,8 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serving_ab import switch_ab  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
+from benchmarks.serving_ab import run_ab, switch_ab  # noqa: E402
 from engine.model import batch_invariance  # noqa: E402
 
 VENDOR, INVARIANT = "vendor", "invariant"
@@ -29,8 +28,5 @@ def numerics(variant: str):
 
 
 if __name__ == "__main__":
-    try:
-        switch_ab("batch_invariant_ab", __doc__.splitlines()[0], "numerics", (VENDOR, INVARIANT), numerics,
-                  same_numerics=False)
-    except EngineError as error:
-        sys.exit(f"batch_invariant_ab: {error}")
+    run_ab("batch_invariant_ab", lambda: switch_ab("batch_invariant_ab", __doc__.splitlines()[0], "numerics", (VENDOR, INVARIANT), numerics,
+                                      same_numerics=False))

@@ -14,17 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serving_ab import Workload, paired_rounds, workload_arguments, write_result  # noqa: E402
-from engine import arguments  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
+from benchmarks.serving_ab import Workload, checked_arguments, paired_rounds, run_ab, workload_arguments, write_result  # noqa: E402
 
 
 def main() -> None:
-    parser = workload_arguments(__doc__.splitlines()[0], "builder_ab.json")
-    arguments.add_cuda_graphs(parser)
-    args = parser.parse_args()
+    args = checked_arguments(workload_arguments(__doc__.splitlines()[0], "builder_ab.json", builder=False))
     workload = Workload(args)
-    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, workload.device)  # default: on with CUDA
     engines = {builder: workload.engine(builder, cuda_graphs=args.cuda_graphs) for builder in ("cpu", "gpu")}
     rows, verdict = paired_rounds(lambda builder: workload.serve(engines[builder]), ("cpu", "gpu"), args.rounds,
                                   "builder")
@@ -32,7 +27,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except EngineError as error:  # e.g. the GPU builder without CUDA (or TRITON_INTERPRET=1)
-        sys.exit(f"builder_ab: {error}")
+    run_ab("builder_ab", main)  # e.g. the GPU builder without CUDA (or TRITON_INTERPRET=1)

@@ -17,22 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
-from benchmarks.serving_ab import Workload, paired_rounds, workload_arguments, write_result  # noqa: E402
+from benchmarks.serving_ab import (Workload, checked_arguments, device, paired_rounds, run_ab,  # noqa: E402
+                                  workload_arguments, write_result)
 from engine import arguments  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
-from engine.model import set_batch_invariant  # noqa: E402
 
 EAGER, GRAPHS = "eager", "graphs"
 
 
 def main() -> None:
-    parser = workload_arguments(__doc__.splitlines()[0], "cuda_graphs_ab.json")
-    parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
-    arguments.add_batch_invariant(parser)
-    args = parser.parse_args()
-    set_batch_invariant(args.batch_invariant)
+    args = checked_arguments(workload_arguments(__doc__.splitlines()[0], "cuda_graphs_ab.json", graphs=False))
+    arguments.cuda_graphs(True, device())  # the graphs variant needs CUDA: refused before any model loads
     workload = Workload(args)
     engines = {variant: workload.engine(args.builder, cuda_graphs=variant == GRAPHS) for variant in (EAGER, GRAPHS)}
     rows, verdict = paired_rounds(lambda variant: workload.serve(engines[variant]), (EAGER, GRAPHS), args.rounds,
@@ -44,7 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except EngineError as error:  # e.g. on a machine without CUDA: graphs need it
-        sys.exit(f"cuda_graphs_ab: {error}")
+    run_ab("cuda_graphs_ab", main)

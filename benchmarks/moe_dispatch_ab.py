@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serving_ab import switch_ab  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
+from benchmarks.serving_ab import run_ab, switch_ab  # noqa: E402
 from engine.model import MoE  # noqa: E402
 
 SORTED, FUSED = "sorted", "fused"
@@ -39,7 +38,5 @@ def dispatch(variant: str):
 
 
 if __name__ == "__main__":
-    try:
-        switch_ab("moe_dispatch_ab", __doc__.splitlines()[0], "dispatch", (SORTED, FUSED), dispatch, same_numerics=False)
-    except EngineError as error:
-        sys.exit(f"moe_dispatch_ab: {error}")
+    run_ab("moe_dispatch_ab", lambda: switch_ab("moe_dispatch_ab", __doc__.splitlines()[0], "dispatch", (SORTED, FUSED), dispatch,
+                                      same_numerics=False))

@@ -18,25 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
-from benchmarks.serving_ab import Workload, paired_rounds, workload_arguments, write_result  # noqa: E402
+from benchmarks.serving_ab import Workload, checked_arguments, paired_rounds, run_ab, workload_arguments, write_result  # noqa: E402
 from engine import arguments  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
-from engine.model import set_batch_invariant  # noqa: E402
 
 IN_ORDER, OVERLAP = "in-order", "overlap"
 
 
 def main() -> None:
-    parser = workload_arguments(__doc__.splitlines()[0], "overlap_ab.json")
-    parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
-    arguments.add_batch_invariant(parser)
-    arguments.add_cuda_graphs(parser)
-    args = parser.parse_args()
-    set_batch_invariant(args.batch_invariant)
+    args = checked_arguments(workload_arguments(__doc__.splitlines()[0], "overlap_ab.json"))
     workload = Workload(args)
-    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, workload.device)  # default: on with CUDA
     engines = {variant: workload.engine(args.builder, cuda_graphs=args.cuda_graphs, static_shapes=True,
                                         overlap=variant == OVERLAP) for variant in (IN_ORDER, OVERLAP)}
     rows, verdict = paired_rounds(lambda variant: workload.serve(engines[variant]), (IN_ORDER, OVERLAP), args.rounds,
@@ -47,7 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except EngineError as error:  # e.g. --cuda-graphs without CUDA
-        sys.exit(f"overlap_ab: {error}")
+    run_ab("overlap_ab", main)  # e.g. --cuda-graphs without CUDA

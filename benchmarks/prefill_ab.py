@@ -21,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.serving_ab import Workload, paired_rounds, workload_arguments, write_result  # noqa: E402
+from benchmarks.serving_ab import (Workload, checked_arguments, device, paired_rounds, run_ab,  # noqa: E402
+                                  workload_arguments, write_result)
 from engine import arguments  # noqa: E402
-from engine.errors import EngineError  # noqa: E402
-from engine.model import set_batch_invariant  # noqa: E402
 
 ONE_BY_ONE, BATCHED = "one-by-one", "batched"
 DEFAULT_BATCH_TOKENS = 4096
@@ -32,22 +31,17 @@ DEFAULT_BATCH_TOKENS = 4096
 
 def main() -> None:
     parser = workload_arguments(__doc__.splitlines()[0], "prefill_ab.json")
-    parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--prefill-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                         help=f"prompt tokens per batched prefill (default {DEFAULT_BATCH_TOKENS})")
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch threads on the CPU (default 1, as engine serve: on shared cores more threads "
                              "wait for whichever one was descheduled)")
-    arguments.add_batch_invariant(parser)
-    arguments.add_cuda_graphs(parser)
-    args = parser.parse_args()
+    args = checked_arguments(parser)
     arguments.at_least_one(args, "prefill_tokens")
     arguments.cpu_threads(args.cpu_threads)
-    if not torch.cuda.is_available():
+    if device() == "cpu":
         torch.set_num_threads(args.cpu_threads)
-    set_batch_invariant(args.batch_invariant)
     workload = Workload(args)
-    args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, workload.device)  # default: on with CUDA
     engine = workload.engine(args.builder, cuda_graphs=args.cuda_graphs)
     budgets = {ONE_BY_ONE: 0, BATCHED: args.prefill_tokens}
     rows, verdict = paired_rounds(lambda variant: workload.serve(engine, prefill_tokens=budgets[variant]),
@@ -56,7 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except EngineError as error:  # e.g. --cuda-graphs without CUDA, --prefill-tokens 0
-        sys.exit(f"prefill_ab: {error}")
+    run_ab("prefill_ab", main)  # e.g. --cuda-graphs without CUDA, --prefill-tokens 0

@@ -24,6 +24,7 @@ import torch
 from benchmarks.machine import RESULTS, describe
 from engine import arguments, corpus
 from engine.engine import Engine, rows_per_slot
+from engine.errors import EngineError
 from engine.generate import load_models
 from engine.model import set_batch_invariant
 from engine.scheduler import serve
@@ -39,9 +40,22 @@ def _at_least_one(text: str) -> int:
     return int(text)
 
 
-def workload_arguments(description: str, out_name: str) -> argparse.ArgumentParser:
-    """The options every serving A/B takes: the workload, the engine's shape, rounds and result file."""
+def device() -> str:
+    """Where the A/Bs run: the GPU when there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def workload_arguments(description: str, out_name: str, *, builder: bool = True, graphs: bool = True
+                       ) -> argparse.ArgumentParser:
+    """The options every serving A/B takes: the workload, the engine's shape, rounds and result file,
+    the engine's numerics, and unless the A/B varies them itself, the builder (`builder`) and CUDA
+    graphs (`graphs`). `checked_arguments` parses them."""
     parser = argparse.ArgumentParser(description=description)
+    if builder:
+        parser.add_argument("--builder", choices=("cpu", "gpu"), default="gpu" if device() == "cuda" else "cpu")
+    arguments.add_batch_invariant(parser)
+    if graphs:
+        arguments.add_cuda_graphs(parser)
     parser.add_argument("--model", default="small")
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--concurrency", type=int, default=64)
@@ -53,12 +67,32 @@ def workload_arguments(description: str, out_name: str) -> argparse.ArgumentPars
     return parser
 
 
+def checked_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed options, with what they cannot do here refused before any model loads (one line,
+    `run_ab`): --cuda-graphs resolved for this machine (default: on with CUDA), the numerics set."""
+    args = parser.parse_args()
+    if hasattr(args, "cuda_graphs"):
+        args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device())
+    set_batch_invariant(args.batch_invariant)
+    return args
+
+
+def run_ab(name: str, main: Callable[[], None]) -> None:
+    """An A/B's main, its EngineError (bad options, a builder this machine cannot run) as one line
+    naming the benchmark, exit code 2."""
+    try:
+        main()
+    except EngineError as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
 class Workload:
     """The requests of `args`, the trained (or seeded) pair of `args.model`, and the device."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device()
         self.tokenizer = load_tokenizer()
         self.requests: list[Request] = generate(args.workload, args.requests, 0, self.tokenizer,
                                                 max_new_tokens=args.max_new_tokens, files=corpus.files(PROMPT_SPLIT))
@@ -140,11 +174,9 @@ def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str,
     """The A/B of two settings of one engine, `switch(variant)` turning each on around its runs (the
     main of moe_dispatch_ab.py and batch_invariant_ab.py). `same_numerics`: both variants must
     decode the same tokens; else each its own, the same in every round."""
-    parser = workload_arguments(description, f"{benchmark}.json")
-    parser.add_argument("--builder", default="gpu" if torch.cuda.is_available() else "cpu")
-    arguments.add_batch_invariant(parser)
-    args = parser.parse_args()
-    set_batch_invariant(args.batch_invariant)
+    # Eager: a switch turns model code on and off around runs, and a recorded graph would replay one
+    # variant's kernels for both.
+    args = checked_arguments(workload_arguments(description, f"{benchmark}.json", graphs=False))
     workload = Workload(args)
     engine = workload.engine(args.builder)
 
