@@ -69,12 +69,14 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         raise typer.Exit(1)  # scripts can ask `ddprof doctor` whether captures will work
 
 
-CUDA_GRAPHS_HELP = ("Run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
-                     "recorded before the profiled part (default: on for DDTree on CUDA with one rank, off elsewhere).")
-OVERLAP_HELP = serve_defaults.OVERLAP_HELP[0].upper() + serve_defaults.OVERLAP_HELP[1:] + "."
-PREFILL_TOKENS_HELP = ("Prompt tokens one batched prefill may hold: the requests admitted before a step are "
-                       "prefilled together, one forward per batch, a longer prompt alone (default: "
-                       f"{serve_defaults.DEFAULT_PREFILL_TOKENS}, one request at a time until verified on a GPU).")
+def _sentence(engine_help: str) -> str:
+    """An engine option's help (engine/serve_defaults.py) as ddprof's help sentences read."""
+    return engine_help[0].upper() + engine_help[1:] + "."
+
+
+CUDA_GRAPHS_HELP = _sentence(serve_defaults.CUDA_GRAPHS_HELP)
+OVERLAP_HELP = _sentence(serve_defaults.OVERLAP_HELP)
+PREFILL_TOKENS_HELP = _sentence(serve_defaults.PREFILL_TOKENS_HELP)
 BATCH_INVARIANT_HELP = ("Each token's row computed as it would be alone (default; greedy DDTree then equals AR "
                         "exactly); --no-batch-invariant runs cuBLAS / MKL: faster, no longer exact.")
 

@@ -88,9 +88,9 @@ def add_batch_invariant(parser: argparse.ArgumentParser) -> None:
 
 def add_cuda_graphs(parser: argparse.ArgumentParser) -> None:
     """`--cuda-graphs / --no-cuda-graphs` (serve, generate; ddprof capture and sweep pass it on)."""
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                        help="run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, "
-                             "recorded before serving (default: on for DDTree on CUDA with one rank, off elsewhere)")
+    from engine.serve_defaults import CUDA_GRAPHS_HELP
+
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help=CUDA_GRAPHS_HELP)
 
 
 def cuda_graphs(on: bool | None, device: str, mode: str = "ddtree", ranks: int = 1) -> bool:

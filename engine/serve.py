@@ -35,7 +35,8 @@ from engine.ranks import launch
 from engine.scheduler import Request, ServeResult, serve
 from engine.stages import RANK_MARK
 from engine.serve_defaults import (DEFAULT_BUDGET, DEFAULT_BUILDER, DEFAULT_CONCURRENCY, DEFAULT_MAX_NEW_TOKENS,
-                                   DEFAULT_MODEL, DEFAULT_PREFILL_TOKENS, DEFAULT_REQUESTS, DEFAULT_SEED)
+                                   DEFAULT_MODEL, DEFAULT_PREFILL_TOKENS, DEFAULT_REQUESTS, DEFAULT_SEED,
+                                   PREFILL_TOKENS_HELP)
 from engine.tokenizer import load_tokenizer
 from engine.workloads import WORKLOADS, generate
 
@@ -66,10 +67,7 @@ def register(subcommands) -> None:
     arguments.add_batch_invariant(parser)
     arguments.add_cuda_graphs(parser)
     arguments.add_overlap(parser)
-    parser.add_argument("--prefill-tokens", type=int, default=DEFAULT_PREFILL_TOKENS,
-                        help="prompt tokens one batched prefill may hold: the requests admitted before a step are "
-                             "prefilled together, one forward per batch; a longer prompt alone (default "
-                             f"{DEFAULT_PREFILL_TOKENS}: one request at a time, until batched prefill is verified on a GPU)")
+    parser.add_argument("--prefill-tokens", type=int, default=DEFAULT_PREFILL_TOKENS, help=PREFILL_TOKENS_HELP)
     parser.add_argument("--ranks", type=int, default=None,
                         help="expert-parallel processes (default 1, or torchrun's WORLD_SIZE); each holds 1/N of "
                              "every MoE layer's routed experts")

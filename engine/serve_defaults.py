@@ -14,6 +14,13 @@ DEFAULT_SEED = 0
 # yet: until they pass on the H200, the default stays 0 and --prefill-tokens N turns it on.
 DEFAULT_PREFILL_TOKENS = 0
 
+# The help of the engine options ddprof capture / sweep pass on, shown by both (one text each).
+CUDA_GRAPHS_HELP = ("run the static-shape DDTree step as CUDA graphs, one per stage and batch bucket, recorded "
+                    "before serving (default: on for DDTree on CUDA with one rank, off elsewhere)")
+PREFILL_TOKENS_HELP = ("prompt tokens one batched prefill may hold: the requests admitted before a step are "
+                       "prefilled together, one forward per batch; a longer prompt alone (default "
+                       f"{DEFAULT_PREFILL_TOKENS}: one request at a time, until batched prefill is verified on a GPU)")
+
 # `--overlap`'s help, shown by `engine serve --help` and by `ddprof capture` / `sweep`, which pass it on.
 OVERLAP_HELP = ("launch step N+1 before step N's tokens reach the host, its inputs from the device buffers step N "
                 "wrote; the host commits step N, applies the stop rules and admits and evicts while the GPU runs "
