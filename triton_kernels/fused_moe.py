@@ -64,12 +64,12 @@ class MoeConfig(NamedTuple):
         return max(self.gate_up.block_m, self.down.block_m)
 
 
-# bf16 tilings of Kimi K2's two expert GEMMs, (N, K) -> MoeTiles. Both hold the one tiling the
-# joint H200 tuning picked (benchmarks/results/fused_moe.json, its "tuned" block; a test checks that
-# they agree) until `benchmarks/fused_moe.py --tune` tunes them apart on the H200.
+# bf16 tilings of Kimi K2's two expert GEMMs, (N, K) -> MoeTiles, each projection tuned apart on
+# the H200 by `benchmarks/fused_moe.py --tune` (benchmarks/results/fused_moe.json, its "tuned" block;
+# a test checks that they agree).
 TUNED: dict[tuple[int, int], MoeTiles] = {
-    (2 * 2048, 7168): MoeTiles(64, 64, 64, 4, 4),  # gate+up: w13 [E, 2I, H]
-    (7168, 2048): MoeTiles(64, 64, 64, 4, 4),      # down: w2 [E, H, I]
+    (2 * 2048, 7168): MoeTiles(64, 128, 64, 8, 4),  # gate+up: w13 [E, 2I, H]
+    (7168, 2048): MoeTiles(64, 256, 64, 8, 4),      # down: w2 [E, H, I]
 }
 UNTUNED = MoeTiles(64, 64, 64, 4, 4)  # other shapes: the joint tuning's pick for both K2 GEMMs
 FLOAT32 = MoeTiles(16, 32, 32, 4, 2)  # IEEE products (the CPU tests, in Triton's interpreter)
