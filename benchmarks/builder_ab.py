@@ -2,7 +2,11 @@
 builders for several rounds (no profiler), so machine noise shows up as spread, not as a verdict
 (the method: benchmarks/serving_ab.py).
 
-    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--no-cuda-graphs] [--out FILE]
+    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--no-cuda-graphs] [--overlap] [--out FILE]
+
+With --overlap both engines run step N+1 before committing step N: the GPU builder's whole step runs
+ahead of the host, the CPU builder's only its draft, so the A/B measures what the CPU builder costs
+an overlapped engine.
 
 Prints one row per run and writes JSON (default benchmarks/results/builder_ab.json).
 """
@@ -18,9 +22,11 @@ from benchmarks.serving_ab import Workload, checked_arguments, paired_rounds, ru
 
 
 def main() -> None:
-    args = checked_arguments(workload_arguments(__doc__.splitlines()[0], "builder_ab.json", builder=False))
+    args = checked_arguments(workload_arguments(__doc__.splitlines()[0], "builder_ab.json", builder=False,
+                                                overlap=True))
     workload = Workload(args)
-    engines = {builder: workload.engine(builder, cuda_graphs=args.cuda_graphs) for builder in ("cpu", "gpu")}
+    engines = {builder: workload.engine(builder, cuda_graphs=args.cuda_graphs, overlap=args.overlap)
+               for builder in ("cpu", "gpu")}
     rows, verdict = paired_rounds(lambda builder: workload.serve(engines[builder]), ("cpu", "gpu"), args.rounds,
                                   "builder")
     write_result("builder_ab", workload, rows, verdict)

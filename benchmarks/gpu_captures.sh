@@ -5,8 +5,8 @@
 #
 #   benchmarks/gpu_captures.sh OUT_DIR MODEL BUDGET "CONCURRENCIES" [REQUESTS] [MAX_NEW_TOKENS] ["EXECUTIONS"]
 #
-# EXECUTIONS: "graphs" (the engine's default: CUDA graphs), "eager" (--no-cuda-graphs), or both;
-# an eager run's name ends in -eager.
+# EXECUTIONS, any of: "graphs" (the engine's default: CUDA graphs, steps overlapped), "in-order"
+# (CUDA graphs, --no-overlap), "eager" (--no-cuda-graphs); a run's name ends in -in-order or -eager.
 #
 # On the lent H200: NSYS=<nsys 2025.3 path>, LD_LIBRARY_PATH including the libdw/libelf it needs
 # (see the README's "GPU captures" section for the exact command).
@@ -17,15 +17,16 @@ mkdir -p "$out/runs"
 python3 -c 'import torch; print(torch.cuda.get_device_name(), torch.__version__)'
 for execution in $executions; do
   case "$execution" in
-    graphs) flag=--cuda-graphs; suffix= ;;
+    graphs) flag="--cuda-graphs --overlap"; suffix= ;;
+    in-order) flag="--cuda-graphs --no-overlap"; suffix=-in-order ;;
     eager) flag=--no-cuda-graphs; suffix=-eager ;;
-    *) echo "an execution is graphs or eager, not $execution" >&2; exit 2 ;;
+    *) echo "an execution is graphs, in-order or eager, not $execution" >&2; exit 2 ;;
   esac
   for c in $concurrencies; do
     for builder in cpu gpu; do
       name="$model-b$budget-c$c-$builder$suffix"
       python3 -m ddprof capture --workload chat --concurrency "$c" --model "$model" --builder "$builder" \
-        --budget "$budget" --requests "$requests" --max-new-tokens "$max_new" "$flag" --out "$out/runs/$name"
+        --budget "$budget" --requests "$requests" --max-new-tokens "$max_new" $flag --out "$out/runs/$name"
       rm -f "$out/runs/$name.nsys-rep"  # the SQLite export is what travels; the report is large
       gzip -f "$out/runs/$name.sqlite"
     done

@@ -45,17 +45,20 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def workload_arguments(description: str, out_name: str, *, builder: bool = True, graphs: bool = True
-                       ) -> argparse.ArgumentParser:
+def workload_arguments(description: str, out_name: str, *, builder: bool = True, graphs: bool = True,
+                       overlap: bool = False) -> argparse.ArgumentParser:
     """The options every serving A/B takes: the workload, the engine's shape, rounds and result file,
     the engine's numerics, and unless the A/B varies them itself, the builder (`builder`) and CUDA
-    graphs (`graphs`). `checked_arguments` parses them."""
+    graphs (`graphs`); `overlap`: --overlap too, for an A/B whose engines may overlap their steps.
+    `checked_arguments` parses them."""
     parser = argparse.ArgumentParser(description=description)
     if builder:
         parser.add_argument("--builder", choices=("cpu", "gpu"), default="gpu" if device() == "cuda" else "cpu")
     arguments.add_batch_invariant(parser)
     if graphs:
         arguments.add_cuda_graphs(parser)
+    if overlap:
+        arguments.add_overlap(parser)
     parser.add_argument("--model", default="small")
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--concurrency", type=int, default=64)
@@ -69,10 +72,13 @@ def workload_arguments(description: str, out_name: str, *, builder: bool = True,
 
 def checked_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """The parsed options, with what they cannot do here refused before any model loads (one line,
-    `run_ab`): --cuda-graphs resolved for this machine (default: on with CUDA), the numerics set."""
+    `run_ab`): --cuda-graphs resolved for this machine (default: on with CUDA), then --overlap
+    (default: the engine's, where the graphed step runs), the numerics set."""
     args = parser.parse_args()
     if hasattr(args, "cuda_graphs"):
         args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device())
+    if hasattr(args, "overlap"):
+        args.overlap = arguments.overlap(args.overlap, getattr(args, "cuda_graphs", False))
     set_batch_invariant(args.batch_invariant)
     return args
 
@@ -125,7 +131,8 @@ class Workload:
         if result.tokens != first:
             sys.exit(f"runs{' of ' + numerics if numerics else ''} decoded different tokens: each must be a "
                      "faster way to the same greedy result")
-        return {"tokens": result.generated_tokens, "steps": result.steps, "prefills": result.prefills, "wall_s": wall,
+        return {"tokens": result.generated_tokens, "steps": result.steps, "prefill_token_budget": prefill_tokens,
+                "prefills": result.prefills, "wall_s": wall,
                 "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s,
                 "decode_tok_per_s": result.step_tokens / result.step_s if result.step_s else None}
 
@@ -164,9 +171,13 @@ def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds:
 
 
 def write_result(benchmark: str, workload: Workload, rows: list[dict], verdict: dict) -> None:
+    """The result file; its settings say how the runs prefilled where they all did alike (ddprof
+    matches A/B evidence to captures by execution: ddprof.execution)."""
     args = workload.args
+    budgets = {row["prefill_token_budget"] for row in rows}
+    shared = {"prefill_token_budget": budgets.pop()} if len(budgets) == 1 else {}
     args.out.write_text(json.dumps({"benchmark": benchmark, "machine": describe(), "settings": vars(args) | {
-        "out": str(args.out), "device": workload.device}, "runs": rows, **verdict}, indent=1) + "\n")
+        "out": str(args.out), "device": workload.device} | shared, "runs": rows, **verdict}, indent=1) + "\n")
 
 
 def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str, str],

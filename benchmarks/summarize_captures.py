@@ -95,10 +95,11 @@ def print_tables(result: dict) -> None:
               + " ".join(f"{shares[s]:10.1%}" for s in STAGES)
               + f" {crit_ms_per_step(b, 'tree_build'):12.3f}")
     print()
-    print(f"{'model':8} {'budget':>6} {'conc':>5} {'execution':>9} {'cpu tok/s':>10} {'gpu tok/s':>10} {'ratio':>7} "
+    width = max([len("execution")] + [len(p["execution"]) for p in result["pairs"]])
+    print(f"{'model':8} {'budget':>6} {'conc':>5} {'execution':{width}} {'cpu tok/s':>10} {'gpu tok/s':>10} {'ratio':>7} "
           f"{'projected':>10} {'error':>7} {'tree ms cpu':>12} {'tree ms gpu':>12}")
     for p in result["pairs"]:
-        print(f"{p['model']:8} {p['budget']:6} {p['concurrency']:5} {p['execution']:>9} {p['cpu_tok_per_s']:10.1f} "
+        print(f"{p['model']:8} {p['budget']:6} {p['concurrency']:5} {p['execution']:{width}} {p['cpu_tok_per_s']:10.1f} "
               f"{p['gpu_tok_per_s']:10.1f} {p['measured_ratio']:7.3f} {p['projected_gpu_tok_per_s']:10.1f} "
               f"{p['projection_error']:7.1%} {p['cpu_tree_build_ms_per_step']:12.3f} "
               f"{p['gpu_tree_build_ms_per_step']:12.3f}")

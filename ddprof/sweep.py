@@ -36,7 +36,7 @@ class Grid:
     seed: int = 0
     batch_invariant: bool = True
     cuda_graphs: bool | None = None  # None: the engine's default (on for DDTree on CUDA)
-    overlap: bool | None = None  # None: the engine's default (off until its CUDA tests pass: OVERLAP_BY_DEFAULT)
+    overlap: bool | None = None  # None: the engine's default (on with CUDA graphs, one rank)
     prefill_tokens: int | None = None  # None: the engine's default (one request per prefill)
     out_dir: Path = field(default=Path("traces/sweep"))
 

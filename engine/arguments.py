@@ -116,18 +116,13 @@ def add_overlap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help=OVERLAP_HELP)
 
 
-# Overlap's CUDA tests (tests/engine/test_overlap.py, `gpu`) have not run on a GPU yet: until they
-# pass on the H200, the default stays off and --overlap turns it on.
-OVERLAP_BY_DEFAULT = False
-
-
 def overlap(on: bool | None, static_step: bool, ranks: int = 1) -> bool:
-    """Whether the engine overlaps its steps: by default (None), once OVERLAP_BY_DEFAULT, wherever
-    the static-shape step runs (`static_step`: CUDA graphs on); --overlap with several ranks (whose
+    """Whether the engine overlaps its steps: by default (None) wherever the static-shape step runs
+    (`static_step`: CUDA graphs on) with one rank; --overlap with several ranks (whose
     collectives in a reordered step are not verified) is refused in one line before any model loads
     (AR decoding: by Engine)."""
     if on is None:
-        return OVERLAP_BY_DEFAULT and static_step and ranks == 1
+        return static_step and ranks == 1
     if on and ranks > 1:
         raise EngineError(f"--overlap: one rank only (got {ranks}): the ranks' collectives in an overlapped step "
                           "are not verified")

@@ -37,7 +37,8 @@ class ServeResult:
     """What a serving run produced, counted the way the trace counts it.
 
     `step_tokens` is what the decode steps committed (the sum of the `tokens` NVTX marks);
-    each request's first token comes from its prefill, so `prefill_tokens` is counted apart.
+    each request's first token comes from its prefill, so `first_tokens` are counted apart (not to be
+    confused with serve's `prefill_tokens`, the prompt tokens one batched prefill may hold).
     """
 
     tokens: dict[int, list[int]] = field(default_factory=dict)  # request id -> every token generated
@@ -55,7 +56,7 @@ class ServeResult:
         return sum(len(t) for t in self.tokens.values())
 
     @property
-    def prefill_tokens(self) -> int:
+    def first_tokens(self) -> int:
         return self.generated_tokens - self.step_tokens
 
 

@@ -226,7 +226,7 @@ def _summary(args: argparse.Namespace, requests: list[Request], result: ServeRes
         "requests": len(requests), "max_new_tokens": args.max_new_tokens, "prompt_split": PROMPT_SPLIT,
         "weights": trained.describe(args.model, seed=WEIGHT_SEED), "dtype": dtype,
         "prompt_tokens": sum(len(r.prompt_tokens) for r in requests),
-        "tokens": result.step_tokens, "prefill_tokens": result.prefill_tokens,
+        "tokens": result.step_tokens, "first_tokens": result.first_tokens,
         "generated_tokens": result.generated_tokens, "steps": result.steps,
         "target_forwards": result.target_forwards,
         "wall_s": round(wall_s, 6), "tok_per_s": round(result.generated_tokens / wall_s, 2),

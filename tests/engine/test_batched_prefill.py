@@ -198,21 +198,21 @@ def test_serve_summary_records_the_budget_and_the_prefills(tmp_path):
         assert main([*SERVE, "--device", "cpu", *options, "--summary", str(summary)]) == 0
         return json.loads(summary.read_text())
 
-    default, batched = summary_of(), summary_of("--prefill-tokens", "1000")
-    assert default["prefill_token_budget"] == 0 and default["prefills"] == default["requests"] == 2
+    one_by_one, batched = summary_of("--prefill-tokens", "0"), summary_of("--prefill-tokens", "1000")
+    assert one_by_one["prefill_token_budget"] == 0 and one_by_one["prefills"] == one_by_one["requests"] == 2
     assert batched["prefill_token_budget"] == 1000 and batched["prefills"] == 1
-    assert batched["tokens"] == default["tokens"] and batched["generated_tokens"] == default["generated_tokens"]
+    assert batched["tokens"] == one_by_one["tokens"] and batched["generated_tokens"] == one_by_one["generated_tokens"]
 
 
-def test_one_request_per_prefill_by_default_until_verified_on_a_gpu():
+def test_batched_prefill_by_default():
     import inspect
 
     from engine.serve_defaults import DEFAULT_PREFILL_TOKENS
 
+    assert DEFAULT_PREFILL_TOKENS > 0
     assert inspect.signature(serve).parameters["prefill_tokens"].default == DEFAULT_PREFILL_TOKENS
     done = run_engine("serve", "--help")
-    assert f"(default {DEFAULT_PREFILL_TOKENS}: one request at a time, until batched prefill is verified on a GPU)" \
-        in " ".join(done.stdout.split())
+    assert f"0 prefills one request at a time (default {DEFAULT_PREFILL_TOKENS})" in " ".join(done.stdout.split())
 
 
 def test_capture_and_sweep_pass_the_budget_on():

@@ -154,10 +154,10 @@ def test_serve_summary_says_what_the_overlap_hides(tmp_path):
     assert on["tokens"] == default["tokens"] and on["steps"] == default["steps"] + 1  # the one step dropped at the end
 
 
-def test_overlap_off_by_default_until_verified_on_a_gpu():
-    from engine.arguments import OVERLAP_BY_DEFAULT, overlap, overlap_scope
+def test_overlap_on_by_default_where_the_graphed_step_runs():
+    from engine.arguments import overlap, overlap_scope
 
-    assert overlap(None, static_step=True) is OVERLAP_BY_DEFAULT and not overlap(None, static_step=False)
+    assert overlap(None, static_step=True) and not overlap(None, static_step=False)
     assert not overlap(None, static_step=True, ranks=2) and not overlap(False, static_step=True)
     assert overlap(True, static_step=False)  # the static step then runs eagerly
     assert overlap_scope(True, "gpu") == "whole step" and overlap_scope(False, "gpu") is None

@@ -94,8 +94,8 @@ def test_counts_add_up(batch_of_32):
         assert 1 <= len(tokens) <= request.max_new_tokens
         assert len(tokens) == request.max_new_tokens or tokens[-1] == TOKENIZER.eos_id
     assert result.steps == len(engine.step_sizes)
-    assert result.prefill_tokens == len(requests)  # each request's first token comes from its prefill
-    assert result.step_tokens + result.prefill_tokens == result.generated_tokens
+    assert result.first_tokens == len(requests)  # each request's first token comes from its prefill
+    assert result.step_tokens + result.first_tokens == result.generated_tokens
 
 
 def test_a_full_cache_makes_requests_wait_instead_of_failing(trained_tiny, batch_of_32):
