@@ -37,9 +37,9 @@ class Tiles(NamedTuple):
     split_k: int = 1  # K cut into this many chunks (see the docstring); 1: one K loop, no workspace
 
 
-# bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the lines `benchmarks/batch_invariant_matmul.py
-# --tune` printed on the H200, its picks in benchmarks/results/batch_invariant_matmul_tuning.json (the
-# "tuned" block; a test checks that they agree). None splits K yet: the split candidates are untuned.
+# bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
+# --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
+# benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
 TUNED: dict[tuple[int, int], Tiles] = {
     (1536, 7168): Tiles(64, 64, 128, 4, 3),    # q_a_proj
     (12288, 1536): Tiles(64, 128, 64, 8, 3),   # q_b_proj
