@@ -7,17 +7,30 @@ measures), TFLOP/s, and the fraction of the copy bandwidth measured in the same 
 weight, x and the output once; what bounds the decode range). Goal (issue 29): within 1.15x of
 cuBLAS from M = 17 up, within 1.3x below.
 
-`--tune` first times each shape's candidate tilings (CANDIDATES) at M = 1, 17, 136, 544 and 1,088
-and runs the table with the one whose worst ratio to cuBLAS (over the goal there) is smallest; the tuned tilings are written
-into the result file, which is where `triton_kernels.batch_invariant_matmul.TUNED` comes from.
+`--tune` first times each shape's candidate tilings at M = 1, 1,088, 17, 544 and 136 (CANDIDATES;
+the narrow-N, long-K shapes, K >= 2N, also SPLIT_CANDIDATES: split-K by a fixed count, which keeps
+batch invariance) and runs the table with the one whose worst ratio to cuBLAS (over the goal there)
+is smallest. The shape's current tiling goes first, and a candidate stops at the first M that puts
+it past the best worst ratio so far (it cannot win any more). The picks and everything tried go
+into the result file's "tuned" block, and the run prints the TUNED lines to paste into
+`triton_kernels/batch_invariant_matmul.py` (split_k where not 1); the committed tuning run is
+`--tune --out benchmarks/results/batch_invariant_matmul_tuning.json`.
 
-    python3 benchmarks/batch_invariant_matmul.py [--tune] [--out FILE]
+How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
+a fresh tiling's compile a second or two. Tuning all ten shapes is at most 10 x 5 cuBLAS timings +
+10 x 12 x 5 + 4 x 9 x 5 candidate timings = 830, about 4 minutes with the compiles (less as
+candidates stop early; the four split-K shapes alone, `--shapes "q_a_proj,kv_a_proj,shared expert
+gate/up,dense down"`: at most 440, about 2 minutes); the table then adds 10 x 7 x 2 timings of
+about 1 s (rep 50 ms): about 2.5 minutes for all shapes. The run prints each shape's tuning time.
+
+    python3 benchmarks/batch_invariant_matmul.py [--tune] [--shapes NAME,...] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
-from triton_kernels.batch_invariant_matmul import Tiles, batch_invariant_linear, tiles_for  # noqa: E402
+from triton_kernels.batch_invariant_matmul import TUNED, Tiles, batch_invariant_linear, tiles_for  # noqa: E402
 
 # (name, N, K): Kimi K2's projections (hidden 7168, 64 heads).
 SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 576, 7168),
@@ -35,11 +48,30 @@ SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 
           ("dense down", 7168, 18432), ("shared expert gate/up", 2048, 7168), ("shared expert down", 7168, 2048),
           ("lm_head", 163840, 7168)]
 ROWS = [1, 8, 17, 64, 136, 544, 1088]
-TUNE_ROWS = [1, 17, 136, 544, 1088]
+TUNE_ROWS = [1, 1088, 17, 544, 136]  # the ends first: they rule most candidates out
+TUNE_REP_MS = 10
 GOAL = {1: 1.3, 8: 1.3}  # ratio to cuBLAS allowed below 17 rows; 1.15 from 17 up
 CANDIDATES = [Tiles(64, 16, 128, 4, 4), Tiles(64, 16, 256, 4, 3), Tiles(64, 32, 128, 4, 4), Tiles(64, 32, 256, 4, 3),
               Tiles(64, 64, 64, 4, 4), Tiles(64, 64, 128, 4, 3), Tiles(64, 128, 64, 4, 4), Tiles(64, 128, 64, 8, 3),
               Tiles(128, 128, 64, 8, 3), Tiles(128, 128, 64, 4, 4), Tiles(128, 256, 64, 8, 3), Tiles(64, 256, 64, 4, 3)]
+# Narrow N, long K: cdiv(N, BLOCK_N) x cdiv(M, 64) programs leave most of the 132 SMs idle at small M
+# (q_a_proj: 24), so the K loop is also cut into 2, 4 or 8 chunks.
+SPLIT_CANDIDATES = [Tiles(64, block_n, block_k, warps, stages, split_k)
+                    for block_n, block_k, warps, stages in [(32, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4)]
+                    for split_k in (2, 4, 8)]
+
+
+def candidates(n: int, k: int) -> list[Tiles]:
+    """The tilings `--tune` tries for an [M, k] x [k, n] product, the current one first."""
+    tried = CANDIDATES + (SPLIT_CANDIDATES if k >= 2 * n else [])
+    current = tiles_for(n, k, torch.bfloat16)
+    return [current] + [tiles for tiles in tried if tiles != current]
+
+
+def tiles_line(tiles: Tiles) -> str:
+    """A Tiles as TUNED spells it: positional, split_k named where it is not 1."""
+    fields = [str(value) for value in tiles[:-1]] + ([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else [])
+    return f"Tiles({', '.join(fields)})"
 
 
 def inputs(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,29 +82,44 @@ def inputs(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Te
 
 def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
     """The candidate whose worst ratio to cuBLAS over TUNE_ROWS, measured against the goal at each M,
-    is smallest: one tiling serves every M, so the worst point is what it must bound."""
-    cublas = {m: bench(lambda: F.linear(x[:m], w), rep_ms=25) for m in TUNE_ROWS}
-    tried = []
-    for tiles in CANDIDATES:
+    is smallest: one tiling serves every M, so the worst point is what it must bound. A candidate
+    stops at the first M past the best worst so far (its worst can only grow: "ruled_out")."""
+    cublas = {m: bench(lambda: F.linear(x[:m], w), rep_ms=TUNE_REP_MS) for m in TUNE_ROWS}
+    tried, best = [], float("inf")
+    for tiles in candidates(w.shape[0], w.shape[1]):
+        ratios = {}
         try:
-            ratios = {m: bench(lambda: batch_invariant_linear(x[:m], w, tiles), rep_ms=25) / cublas[m]
-                      for m in TUNE_ROWS}
+            for m in TUNE_ROWS:
+                ratios[m] = bench(lambda: batch_invariant_linear(x[:m], w, tiles), rep_ms=TUNE_REP_MS) / cublas[m]
+                if ratios[m] / GOAL.get(m, 1.15) >= best:
+                    break
         except Exception as error:  # e.g. out of shared memory for this tile shape
             tried.append({"tiles": tiles._asdict(), "error": str(error).splitlines()[0][:200]})
             continue
-        tried.append({"tiles": tiles._asdict(), "ratio_to_cublas": ratios,
-                      "worst": max(r / GOAL.get(m, 1.15) for m, r in ratios.items())})
-        print(f"  {tiles}: " + " ".join(f"M={m}: {r:.2f}x" for m, r in ratios.items()), flush=True)
-    best = min((t for t in tried if "worst" in t), key=lambda t: t["worst"])
-    return Tiles(**best["tiles"]), tried
+        worst = max(r / GOAL.get(m, 1.15) for m, r in ratios.items())
+        done = len(ratios) == len(TUNE_ROWS)
+        tried.append({"tiles": tiles._asdict(), "ratio_to_cublas": ratios, "worst": worst, "ruled_out": not done})
+        best = min(best, worst) if done else best
+        print(f"  {tiles_line(tiles)}: " + " ".join(f"M={m}: {r:.2f}x" for m, r in ratios.items())
+              + ("" if done else " (ruled out)"), flush=True)
+    pick = min((t for t in tried if "worst" in t and not t["ruled_out"]), key=lambda t: t["worst"])
+    return Tiles(**pick["tiles"]), tried
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "batch_invariant_matmul.json")
     parser.add_argument("--tune", action="store_true", help="pick each shape's tiling first (see the docstring)")
-    parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
+    parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
+                        + ", ".join(name for name, _, _ in SHAPES))
     args = parser.parse_args()
+    names = args.shapes.split(",") if args.shapes else [name for name, _, _ in SHAPES]
+    chosen = [shape for shape in SHAPES if shape[0] in names]
+    unknown = sorted(set(names) - {name for name, _, _ in chosen})
+    if unknown or not torch.cuda.is_available():
+        problem = f"no shape named {', '.join(map(repr, unknown))}" if unknown else "needs a CUDA GPU (torch sees none)"
+        print(f"benchmarks/batch_invariant_matmul.py: {problem}", file=sys.stderr)
+        sys.exit(2)
     gen = torch.Generator(device="cuda").manual_seed(0)
     peak = ceilings()
     print(f"ceilings: bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s, copy {peak['copy_gbps']:.0f} GB/s")
@@ -80,14 +127,15 @@ def main() -> None:
     result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "tuned": tuned,
               "rows": rows}
     print(f"{'shape':>22} {'N':>6} {'K':>6} {'M':>5} {'ours us':>8} {'cuBLAS us':>9} {'x':>5} {'TF/s':>6} {'of BW':>6}")
-    for name, n, k in SHAPES:
-        if args.shapes and name not in args.shapes.split(","):
-            continue
+    for name, n, k in chosen:
         x, w = inputs(n, k, gen)
         if args.tune:
-            print(f"tuning {name} ({n} x {k})")
+            print(f"tuning {name} ({n} x {k}): {len(candidates(n, k))} candidates x {len(TUNE_ROWS)} row counts")
+            started = time.perf_counter()
             tiles, tried = tune(x, w)
-            tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried}
+            tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
+                                 "seconds": time.perf_counter() - started}
+            print(f"  {name}: {tiles_line(tiles)} ({tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
         else:
             tiles = tiles_for(n, k, torch.bfloat16)
         full = batch_invariant_linear(x, w, tiles)
@@ -104,6 +152,17 @@ def main() -> None:
             print(f"{name:>22} {n:6} {k:6} {m:5} {ours:8.1f} {vendor:9.1f} {row['ratio_to_cublas']:5.2f} "
                   f"{row['tflops']:6.1f} {row['of_copy_bandwidth']:6.0%}", flush=True)
         write_result(args.out, result)  # after every shape, so a cut-short run keeps its rows
+    if args.tune:
+        print_tuned(tuned)
+
+
+def print_tuned(tuned: dict) -> None:
+    """TUNED as it reads with this run's picks (shapes this run did not tune keep their lines)."""
+    picks = {**TUNED, **{tuple(map(int, shape.split("x"))): Tiles(**pick["tiles"]) for shape, pick in tuned.items()}}
+    names = {(n, k): name for name, n, k in SHAPES}
+    print("triton_kernels/batch_invariant_matmul.py TUNED, from this run:")
+    for shape, tiles in picks.items():
+        print(f"    {shape}: {tiles_line(tiles)},  # {names[shape]}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,16 @@ cuBLAS picks its kernel (tile shape, split-K) from the row count M, so a token's
 verify block of bs * (1 + budget) rows differs in the last bits from the same token's product in an
 autoregressive step of bs rows, and greedy DDTree stops equalling AR (issue 29's probe at K2 shapes
 in bf16: 0 of 16 root rows bit-identical). Here the tile shape, the warp count and the K loop are
-chosen from (N, K) and the dtype alone, and no reduction is split: every output element is the same
-sequence of fp32 MMA steps whatever M is, and a row's place inside its tile does not change them.
-A batch axis (one matrix per head: MLA's absorbed projections) rides on the grid's third axis.
+chosen from (N, K) and the dtype alone: every output element is the same sequence of fp32 MMA steps
+whatever M is, and a row's place inside its tile does not change them. A batch axis (one matrix per
+head: MLA's absorbed projections) rides on the grid's third axis.
+
+Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 24 programs
+for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
+of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and S alone. Each
+chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the order s = 0,
+1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per element, whatever
+M is. No atomics (their order would vary from run to run).
 
 Reference: a float64 product (tests/triton_kernels/test_batch_invariant_matmul.py). The engine's
 CPU path keeps its row-by-row products (engine.model.linear).
@@ -27,10 +34,12 @@ class Tiles(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # K cut into this many chunks (see the docstring); 1: one K loop, no workspace
 
 
-# bf16 tilings of Kimi K2's projections, (N, K) -> Tiles, picked on the H200 by
-# `benchmarks/batch_invariant_matmul.py --tune` (benchmarks/results/batch_invariant_matmul.json).
+# bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
+# --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
+# benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
 TUNED: dict[tuple[int, int], Tiles] = {
     (1536, 7168): Tiles(64, 64, 128, 4, 3),    # q_a_proj
     (12288, 1536): Tiles(64, 128, 64, 8, 3),   # q_b_proj
@@ -56,20 +65,25 @@ def tiles_for(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 
 @triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K,
+def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   stride_ob, stride_om, stride_on,
+                   stride_os, stride_ob, stride_om, stride_on,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    """out[s, b] = x[b] @ w[b]^T over K chunk s, [s * k_chunk, (s + 1) * k_chunk) (axis 2: s * batches + b)."""
     # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
-    pid_m, pid_n, batch = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    split, batch = axis2 // batches, (axis2 % batches).to(tl.int64)
+    k_start = split * k_chunk  # a BLOCK_K multiple (k_chunk specializes as one of 16: aligned loads)
+    k_left = K - k_start
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + ks[None, :] * stride_xk
-    w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk
+    x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_start + ks[None, :]) * stride_xk
+    w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_start + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_in = (k + ks) < K
+    # Every chunk runs the same steps; past K (the last chunk's tail) they load zeros and add 0.
+    for k in range(0, k_chunk, BLOCK_K):
+        k_in = (k + ks) < k_left
         a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
         b = tl.load(w, mask=(cols[None, :] < N) & k_in[:, None], other=0.0)
         if IEEE:
@@ -78,21 +92,59 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K,
             acc = tl.dot(a, b, acc)
         x += BLOCK_K * stride_xk
         w += BLOCK_K * stride_wk
-    out = out_ptr + batch * stride_ob + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on
+    out = (out_ptr + split.to(tl.int64) * stride_os + batch * stride_ob + rows[:, None].to(tl.int64) * stride_om
+           + cols[None, :] * stride_on)
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@triton.jit(do_not_specialize=["M", "splits"])
+def _sum_splits_kernel(partial_ptr, out_ptr, M, N, splits, stride_ps, stride_pb, stride_ob, stride_om, stride_on,
+                       BLOCK: tl.constexpr):
+    """out[b] = partial[0, b] + partial[1, b] + ... in that order, in fp32, then one cast.
+    partial [S, B, M, N], each [M, N] plane contiguous; out [B, M, N], any strides."""
+    pid, batch = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    flat = pid * BLOCK + tl.arange(0, BLOCK)
+    inside = flat < M * N
+    partial = partial_ptr + batch * stride_pb + flat
+    acc = tl.load(partial, mask=inside, other=0.0)
+    for _ in range(1, splits):
+        partial += stride_ps
+        acc += tl.load(partial, mask=inside, other=0.0)
+    rows, cols = flat // N, flat % N
+    out = out_ptr + batch * stride_ob + rows.to(tl.int64) * stride_om + cols * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(chunk length, chunk count) of a K loop cut into at most `split_k` chunks of whole BLOCK_K
+    blocks: from K and the tiling alone, never M. The count is clamped so that no chunk is empty
+    (5 blocks in 4 chunks would be 2 + 2 + 1 + 0: 3 chunks; a K of 3 blocks splits at most 3 ways)."""
+    if split_k < 1:
+        raise ValueError(f"split_k must be at least 1, not {split_k}")
+    blocks = triton.cdiv(k, block_k)
+    per_chunk = max(1, triton.cdiv(blocks, split_k))
+    return per_chunk * block_k, max(1, triton.cdiv(blocks, per_chunk))
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | None) -> None:
-    """x [B, M, K], w [B, N, K], out [B, M, N] (any strides)."""
+    """x [B, M, K], w [B, N, K], out [B, M, N] (any strides). With more than one K chunk the partials
+    go to a workspace [S, B, M, N] (fp32, from the caching allocator: no host sync, CUDA graphs
+    capture it) that the second kernel sums into out."""
     batch, m, k = x.shape
     n = w.shape[1]
     t = tiles or tiles_for(n, k, x.dtype)
     if m == 0 or n == 0:
         return
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), batch)
-    _matmul_kernel[grid](x, w, out, m, n, k, *x.stride(), *w.stride(), *out.stride(),
+    chunk, splits = k_chunks(k, t.block_k, t.split_k)
+    partials = out[None] if splits == 1 else torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), splits * batch)
+    _matmul_kernel[grid](x, w, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
                          BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32,
                          num_warps=t.num_warps, num_stages=t.num_stages)
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],
+                                                               *out.stride(), BLOCK=block)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, where: str) -> None:

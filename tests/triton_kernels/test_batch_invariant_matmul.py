@@ -1,5 +1,5 @@
 """batch_invariant_linear / batch_invariant_per_head vs a float64 product, and a row's bits alone vs
-inside batches of other rows.
+inside batches of other rows, unsplit and split-K.
 
 Where each dtype runs: in the Triton interpreter on the CPU, float32 (IEEE products: ~1e-5 against
 float64) and float16 (the interpreter's bf16 `tl.dot` is broken); the `gpu` tests run bfloat16
@@ -7,13 +7,23 @@ float64) and float16 (the interpreter's bf16 `tl.dot` is broken); the `gpu` test
 1,088 rows, the decode range (bs x (1 + budget) of the serving runs).
 """
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from triton_kernels.batch_invariant_matmul import batch_invariant_linear, batch_invariant_per_head, tiles_for
+from triton_kernels.batch_invariant_matmul import (TUNED, Tiles, batch_invariant_linear, batch_invariant_per_head,
+                                                   k_chunks, tiles_for)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collection (the id replays it)
+TUNING = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_invariant_matmul_tuning.json"
+
+
+def split_tiles(split_k: int) -> Tiles:
+    """float32's tiling (BLOCK_K 32) with K cut into `split_k` chunks."""
+    return tiles_for(1, 1, torch.float32)._replace(split_k=split_k)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -75,6 +85,69 @@ def test_tiles_never_depend_on_the_row_count():
     assert list(inspect.signature(tiles_for).parameters) == ["n", "k", "dtype"]
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("m, n, k", [(37, 40, 130), (1, 33, 200), (65, 72, 96)])  # 130, 200: not S x 32 blocks
+def test_split_k_matches_float64(seed, split_k, m, n, k):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = random((m, k), torch.float32, gen), random((n, k), torch.float32, gen, k ** -0.5)
+    assert relative_error(batch_invariant_linear(x, w, split_tiles(split_k)), x.double() @ w.double().T) < 1e-5
+
+
+def test_split_count_comes_from_k_alone_and_leaves_no_chunk_empty():
+    """More chunks than K blocks (or a count that would leave the last chunk empty) is clamped by K:
+    the same bits as the count it clamps to, and still the float64 product."""
+    assert k_chunks(130, 32, 1) == (160, 1) and k_chunks(130, 32, 2) == (96, 2) and k_chunks(130, 32, 3) == (64, 3)
+    assert k_chunks(130, 32, 4) == (64, 3) and k_chunks(130, 32, 8) == (32, 5) and k_chunks(20, 32, 4) == (32, 1)
+    assert k_chunks(7168, 128, 8) == (896, 8)
+    with pytest.raises(ValueError, match="at least 1"):
+        k_chunks(130, 32, 0)
+    gen = torch.Generator().manual_seed(5)
+    x, w = random((9, 130), torch.float32, gen), random((24, 130), torch.float32, gen)
+    eight = batch_invariant_linear(x, w, split_tiles(8))
+    assert torch.equal(eight, batch_invariant_linear(x, w, split_tiles(5)))
+    assert torch.equal(batch_invariant_linear(x, w, split_tiles(4)), batch_invariant_linear(x, w, split_tiles(3)))
+    assert relative_error(eight, x.double() @ w.double().T) < 1e-5
+    short = random((20, 24), torch.float32, gen), random((16, 24), torch.float32, gen)  # K one block: no split
+    assert torch.equal(batch_invariant_linear(*short, split_tiles(4)), batch_invariant_linear(*short, split_tiles(1)))
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_a_split_row_alone_equals_the_row_among_random_others_cpu(split_k):
+    """A row's bits alone and inside batches of random other rows, split K (at the start of a tile:
+    see test_a_row_alone_equals_the_row_in_a_batch_cpu)."""
+    gen = torch.Generator().manual_seed(6 + split_k)
+    tiles = split_tiles(split_k)
+    row, w = random((1, 130), torch.float32, gen), random((40, 130), torch.float32, gen)
+    alone = batch_invariant_linear(row, w, tiles)[0]
+    for others in (1, 16, 40, 69):
+        batch = torch.cat([row, random((others, 130), torch.float32, gen)])
+        assert torch.equal(batch_invariant_linear(batch, w, tiles)[0], alone), others
+        placed = torch.cat([random((tiles.block_m, 130), torch.float32, gen), batch])  # row 0 of the second tile
+        assert torch.equal(batch_invariant_linear(placed, w, tiles)[tiles.block_m], alone), others
+
+
+@pytest.mark.parametrize("split_k", [2, 4])  # K 100: 4 blocks, in 2 chunks or 4 (the last one partial)
+def test_per_head_split_k_matches_float64_and_is_batch_invariant(split_k):
+    gen = torch.Generator().manual_seed(8)
+    tiles = split_tiles(split_k)
+    x = random((36, 3, 100), torch.float32, gen)
+    w = random((3, 24, 100), torch.float32, gen).transpose(1, 2).contiguous().transpose(1, 2)  # strided, as W_UK^T
+    full = batch_invariant_per_head(x, w, tiles)
+    assert relative_error(full, torch.einsum("mha,hba->mhb", x.double(), w.double())) < 1e-5
+    for m in (1, 5, 36):
+        assert torch.equal(batch_invariant_per_head(x[:m], w, tiles)[0], full[0]), m
+
+
+def test_tuned_tilings_are_the_committed_tuning_runs_picks():
+    """TUNED holds the picks of `benchmarks/batch_invariant_matmul.py --tune` (the lines it prints)."""
+    tuned = json.loads(TUNING.read_text())["tuned"]
+    assert tuned, f"{TUNING} holds no tuning run"
+    for shape, pick in tuned.items():
+        n, k = map(int, shape.split("x"))
+        assert TUNED.get((n, k)) == Tiles(**pick["tiles"]), pick["name"]
+
+
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
 # gate/up and down (shared expert), a slice of lm_head's vocabulary, the router (float32).
 K2_SHAPES = [(1536, 7168), (64 * 192, 1536), (576, 7168), (64 * 256, 512), (7168, 64 * 128), (18432, 7168),
@@ -109,3 +182,43 @@ def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu():
     for m in DECODE_ROWS:
         assert torch.equal(batch_invariant_linear(x[:m], router)[0], full[0]), m
         assert torch.equal(batch_invariant_per_head(q[:m], heads)[0], full_q[0]), m
+
+
+# Split tilings of the narrow-N, long-K shapes (q_a_proj, kv_a_proj, the shared expert's gate/up,
+# the dense down), whatever `--tune` later picks: every chunk count the benchmark tries.
+K2_SPLITS = [((1536, 7168), Tiles(64, 64, 128, 4, 3, split_k=4)), ((576, 7168), Tiles(64, 32, 128, 4, 4, split_k=8)),
+             ((2048, 7168), Tiles(64, 64, 128, 4, 3, split_k=2)), ((7168, 18432), Tiles(64, 128, 64, 4, 4, split_k=4))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, tiles", K2_SPLITS)
+def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, tiles):
+    n, k = shape
+    gen = torch.Generator().manual_seed(n + k + tiles.split_k)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    full = batch_invariant_linear(x, w, tiles)
+    assert relative_error(full, x.double() @ w.double().T) < 1e-2
+    for m in DECODE_ROWS:  # row 0 alone and inside every batch size; the last row of each batch too
+        assert torch.equal(batch_invariant_linear(x[:m], w, tiles)[0], full[0]), m
+        assert torch.equal(batch_invariant_linear(x[m - 1:m], w, tiles)[0], full[m - 1]), m
+
+
+@pytest.mark.gpu
+def test_split_k_runs_inside_a_cuda_graph_on_gpu():
+    """The workspace comes from the caching allocator and nothing waits for the host: a graph
+    captures the split GEMM (linear and per head) and its replays give the eager bits."""
+    gen = torch.Generator().manual_seed(11)
+    (n, k), tiles = K2_SPLITS[0]
+    w, x = random((n, k), torch.bfloat16, gen, k ** -0.5), random((136, k), torch.bfloat16, gen)
+    heads, q = random((8, 512, 256), torch.bfloat16, gen), random((17, 8, 256), torch.bfloat16, gen)
+    head_tiles = Tiles(64, 64, 64, 4, 3, split_k=2)
+    eager = batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(captured, eager))
