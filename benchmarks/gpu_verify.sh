@@ -9,19 +9,19 @@
 # What is pending (README): the fused MoE's per-projection tiling (its `gpu` tests ran before it),
 # the batch-invariant GEMM's split-K tilings (`--tune` prints the TUNED lines to paste into
 # triton_kernels/batch_invariant_matmul.py; once pasted, a later call runs its `gpu` tests again and
-# benchmarks/batch_invariant_ab.py, the end-to-end cost), and the two overlap A/Bs that ran before
-# batched prefill became the default.
+# benchmarks/batch_invariant_ab.py, the end-to-end cost; see the end of this file).
 set -uo pipefail
 out=${1:?OUT}
-k2="--model k2-layer --max-new-tokens 32"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine tests/triton_kernels \
-  > "$out/gpu_tests.txt" 2>&1
+# The kernels that changed, and the K2-shape bf16 lossless tests that run through them.
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_fused_moe.py \
+  tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py > "$out/gpu_tests.txt" 2>&1
 tail -8 "$out/gpu_tests.txt"
-timeout 60 python3 benchmarks/overlap_ab.py --model small --concurrency 64 --builder gpu --rounds 4 \
-  --out "$out/overlap_ab_small_c64_gpu.json" 2>&1 | grep -E "^median|rror"
-timeout 70 python3 benchmarks/overlap_ab.py $k2 --concurrency 32 --requests 32 --builder gpu --rounds 4 \
-  --out "$out/overlap_ab_k2_c32_gpu.json" 2>&1 | grep -E "^median|rror"
-timeout 200 python3 benchmarks/batch_invariant_matmul.py --tune --out "$out/batch_invariant_matmul.json" \
+# Every shape tuned (the committed tuning file must hold every pick), then the table: about 6.5 min.
+timeout 420 python3 benchmarks/batch_invariant_matmul.py --tune --out "$out/batch_invariant_matmul_tuning.json" \
   > "$out/batch_invariant_matmul_tune.log" 2>&1
 tail -30 "$out/batch_invariant_matmul_tune.log"
 ls -la "$out"
+# The next call, after pasting TUNED: `pytest -m gpu tests/engine tests/triton_kernels`, the overlap
+# A/Bs of small c=64 and k2-layer c=32 with the GPU builder (benchmarks/overlap_ab.py; the committed
+# ones prefilled one request at a time), benchmarks/batch_invariant_matmul.py (the table with the
+# pasted tilings) and benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32.
