@@ -1,8 +1,14 @@
-"""What a second (and a fourth) expert-parallel rank costs, and where: captures of the `small` model
-at 1, 2 and 4 gloo ranks on this machine, each broken down by ddprof (per rank, the critical path
-over the ranks, stragglers, the all-reduce's host time per stage).
+"""What a second (and a fourth) expert-parallel rank costs, and where: captures at 1, 2 and 4 ranks
+(gloo on the CPU, NCCL with one GPU per rank on CUDA), each broken down by ddprof (per rank, the
+critical path over the ranks, stragglers, the all-reduce's host time per stage), for each
+concurrency and builder asked.
 
-    python benchmarks/expert_parallel_captures.py [--ranks 1,2,4] [--requests 32] [--out benchmarks/results/expert_parallel_cpu.json]
+    python benchmarks/expert_parallel_captures.py [--ranks 1,2,4] [--requests 32] [--model small]
+        [--concurrency 8] [--builders cpu] [--budget B] [--max-new-tokens M] [--out benchmarks/results/expert_parallel_cpu.json]
+
+On a machine of several H200s (issue 28): `--model k2-layer --concurrency 32,64 --builders cpu,gpu
+--budget 16 --max-new-tokens 32 --requests 64 --ranks 1,2` (or 1,2,4,8), the traces under
+--trace-dir exported there.
 
 On the 2-core CPU machines the ranks share the cores (4 ranks: two processes per core), so a
 rank's all-reduce waits for the other ranks' compute as well as moving the bytes: read the
@@ -22,21 +28,23 @@ from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from ddprof.capture import CaptureRequest, capture  # noqa: E402
 from ddprof.ranks import analyse_ranks, processes  # noqa: E402
 
-WORKLOAD, CONCURRENCY, MODEL = "chat", 8, "small"
+WORKLOAD = "chat"
 
 
 def _stages(rows: list[dict]) -> dict:
     return {row["stage"]: {"crit_ms": row["crit_ms"], "comm_ms": row["comm_ms"]} for row in rows}
 
 
-def measure(ranks: int, requests: int, trace_dir: Path) -> dict:
+def measure(ranks: int, concurrency: int, builder: str, args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()
-    result = capture(CaptureRequest(workload=WORKLOAD, concurrency=CONCURRENCY, out=trace_dir / f"ranks{ranks}",
-                                    model=MODEL, requests=requests, ranks=ranks))
+    result = capture(CaptureRequest(workload=WORKLOAD, concurrency=concurrency,
+                                    out=args.trace_dir / f"ranks{ranks}-c{concurrency}-{builder}",
+                                    model=args.model, builder=builder, budget=args.budget, requests=args.requests,
+                                    max_new_tokens=args.max_new_tokens, ranks=ranks))
     s = analyse_ranks(processes([result.sqlite])).summary
     crit = s["critical_path"]
     return {
-        "ranks": ranks, "trace": str(result.sqlite), "load_average_before": list(load_before),
+        "ranks": ranks, "concurrency": concurrency, "builder": builder, "trace": str(result.sqlite), "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
         "capture": {k: result.meta.get(k) for k in ("generated_tokens", "steps", "tokens", "wall_s", "tok_per_s")},
         "critical_path": {"steps": crit["steps"], "tokens": crit["tokens"], "tok_per_s": crit["tok_per_s"],
@@ -52,20 +60,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--concurrency", default="8", help="comma-separated (default 8)")
+    parser.add_argument("--builders", default="cpu", help="comma-separated: cpu, gpu (default cpu)")
+    parser.add_argument("--budget", type=int, help="the tree budget (default: the engine's)")
+    parser.add_argument("--max-new-tokens", type=int, help="(default: the engine's)")
     parser.add_argument("--trace-dir", type=Path, default=Path("traces/expert-parallel"))
     parser.add_argument("--out", type=Path, default=RESULTS / "expert_parallel_cpu.json")
     args = parser.parse_args()
-    rows = [measure(int(n), args.requests, args.trace_dir) for n in args.ranks.split(",")]
-    print(f"{'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} {'comm ms':>8} {'draft ms':>9}")
+    rows = [measure(int(n), int(c), builder, args) for c in args.concurrency.split(",")
+            for builder in args.builders.split(",") for n in args.ranks.split(",")]
+    print(f"{'conc':>4} {'builder':>7} {'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} "
+          f"{'comm ms':>8} {'draft ms':>9}")
     for row in rows:
         crit = row["critical_path"]
         verify, draft = crit["stages"]["verify"], crit["stages"]["draft"]
-        print(f"{row['ranks']:>5} {crit['steps']:>6} {crit['tok_per_s']:>8.1f} {crit['step_ms_mean']:>8.2f} "
+        print(f"{row['concurrency']:>4} {row['builder']:>7} {row['ranks']:>5} {crit['steps']:>6} "
+              f"{crit['tok_per_s']:>8.1f} {crit['step_ms_mean']:>8.2f} "
               f"{verify['crit_ms'] / crit['steps']:>10.2f} {verify['comm_ms'] / crit['steps']:>8.2f} "
               f"{draft['crit_ms'] / crit['steps']:>9.2f}")
     write_result(args.out, {"benchmark": "expert_parallel_captures", "machine": describe() | {"cpus": os.cpu_count()},
-                            "command": f"ddprof capture --workload {WORKLOAD} --concurrency {CONCURRENCY} --model "
-                                       f"{MODEL} --requests {args.requests} --ranks N", "runs": rows})
+                            "command": f"ddprof capture --workload {WORKLOAD} --concurrency C --model {args.model} "
+                                       f"--builder B --requests {args.requests} --ranks N", "settings": vars(args)
+                            | {"trace_dir": str(args.trace_dir), "out": str(args.out)}, "runs": rows})
 
 
 if __name__ == "__main__":
