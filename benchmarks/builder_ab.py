@@ -2,11 +2,12 @@
 builders for several rounds (no profiler), so machine noise shows up as spread, not as a verdict
 (the method: benchmarks/serving_ab.py).
 
-    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--no-cuda-graphs] [--overlap] [--out FILE]
+    python benchmarks/builder_ab.py [--model small] [--concurrency 64] [--rounds 3] [--no-cuda-graphs] [--no-overlap] [--prefill-tokens N] [--out FILE]
 
-With --overlap both engines run step N+1 before committing step N: the GPU builder's whole step runs
-ahead of the host, the CPU builder's only its draft, so the A/B measures what the CPU builder costs
-an overlapped engine.
+Overlapped by default where the steps are graphed (as the engine is; --no-overlap: in order): the
+GPU builder's whole step then runs ahead of the host, the CPU builder's only its draft, so the A/B
+measures what the CPU builder costs an overlapped engine. --prefill-tokens 0 prefills one request
+at a time (the engine's default before batched prefill).
 
 Prints one row per run and writes JSON (default benchmarks/results/builder_ab.json).
 """

@@ -1,7 +1,8 @@
 """Eager vs CUDA-graphed decoding, A/B in one process: tok/s of the same workload served by an
 eager engine and by one replaying its static-shape step as CUDA graphs (engine/cuda_graphs.py).
 Both must decode the same tokens, every round: graphs are a faster way to the same greedy result.
-The method: benchmarks/serving_ab.py.
+Both run their steps in order (an eager step cannot overlap: overlap_ab.py measures that on the
+graphed one). The method: benchmarks/serving_ab.py.
 
     python benchmarks/cuda_graphs_ab.py [--model small] [--concurrency 64] [--builder gpu] [--rounds 3]
 

@@ -29,7 +29,7 @@ from engine.generate import load_models
 from engine.model import set_batch_invariant
 from engine.scheduler import serve
 from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up
-from engine.serve_defaults import DEFAULT_PREFILL_TOKENS
+from engine.serve_defaults import DEFAULT_PREFILL_TOKENS, PREFILL_TOKENS_HELP
 from engine.tokenizer import load_tokenizer
 from engine.workloads import Request, generate
 
@@ -46,11 +46,11 @@ def device() -> str:
 
 
 def workload_arguments(description: str, out_name: str, *, builder: bool = True, graphs: bool = True,
-                       overlap: bool = False) -> argparse.ArgumentParser:
+                       overlap: bool = False, prefill: bool = True) -> argparse.ArgumentParser:
     """The options every serving A/B takes: the workload, the engine's shape, rounds and result file,
-    the engine's numerics, and unless the A/B varies them itself, the builder (`builder`) and CUDA
-    graphs (`graphs`); `overlap`: --overlap too, for an A/B whose engines may overlap their steps.
-    `checked_arguments` parses them."""
+    the engine's numerics, and unless the A/B varies them itself, the builder (`builder`), CUDA
+    graphs (`graphs`) and the prefill budget (`prefill`); `overlap`: --overlap too, for an A/B
+    whose engines may overlap their steps. `checked_arguments` parses them."""
     parser = argparse.ArgumentParser(description=description)
     if builder:
         parser.add_argument("--builder", choices=("cpu", "gpu"), default="gpu" if device() == "cuda" else "cpu")
@@ -59,6 +59,8 @@ def workload_arguments(description: str, out_name: str, *, builder: bool = True,
         arguments.add_cuda_graphs(parser)
     if overlap:
         arguments.add_overlap(parser)
+    if prefill:
+        parser.add_argument("--prefill-tokens", type=int, default=DEFAULT_PREFILL_TOKENS, help=PREFILL_TOKENS_HELP)
     parser.add_argument("--model", default="small")
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--concurrency", type=int, default=64)
@@ -79,6 +81,8 @@ def checked_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
         args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device())
     if hasattr(args, "overlap"):
         args.overlap = arguments.overlap(args.overlap, getattr(args, "cuda_graphs", False))
+    if hasattr(args, "prefill_tokens"):
+        arguments.at_least_zero(args, "prefill_tokens")
     set_batch_invariant(args.batch_invariant)
     return args
 
@@ -116,11 +120,14 @@ class Workload:
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
         return engine
 
-    def serve(self, engine: Engine, numerics: str = "", prefill_tokens: int = DEFAULT_PREFILL_TOKENS) -> dict:
-        """Serve every request once (`prefill_tokens`: the scheduler's prefill batches); tokens,
+    def serve(self, engine: Engine, numerics: str = "", prefill_tokens: int | None = None) -> dict:
+        """Serve every request once (`prefill_tokens`: the scheduler's prefill batches, by default
+        --prefill-tokens, or the engine's default where the A/B varies it itself); tokens,
         steps, prefills, wall time and tok/s. Exits if the tokens differ from the first run's: of the
         same `numerics`, when the variants round differently (each then decodes its own greedy tokens,
         the same in every round)."""
+        if prefill_tokens is None:
+            prefill_tokens = getattr(self.args, "prefill_tokens", DEFAULT_PREFILL_TOKENS)
         start = time.perf_counter()
         result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id,
                        prefill_tokens=prefill_tokens)

@@ -37,7 +37,7 @@ class Grid:
     batch_invariant: bool = True
     cuda_graphs: bool | None = None  # None: the engine's default (on for DDTree on CUDA)
     overlap: bool | None = None  # None: the engine's default (on with CUDA graphs, one rank)
-    prefill_tokens: int | None = None  # None: the engine's default (one request per prefill)
+    prefill_tokens: int | None = None  # None: the engine's default (DEFAULT_PREFILL_TOKENS prompt tokens)
     out_dir: Path = field(default=Path("traces/sweep"))
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@ summary to `--summary`.
 
 Counting, so that the trace and the summary agree: `tokens` is what the decode steps committed
 (the sum of the trace's `tokens` marks); each request's first token comes from its prefill and is
-counted in `prefill_tokens`; `tok_per_s` is every generated token (`generated_tokens`) per second
+counted in `first_tokens`; `tok_per_s` is every generated token (`generated_tokens`) per second
 of the serving loop (`wall_s`, first admission to last release; model set-up excluded).
 
 `--ranks N` serves with expert parallelism: N processes (engine/ranks.py), each holding 1/N of

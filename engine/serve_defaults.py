@@ -10,7 +10,8 @@ DEFAULT_REQUESTS = 128
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_SEED = 0
 # Prompt tokens one batched prefill may hold (engine/scheduler.py); 0 prefills one request at a time.
-# 4096: benchmarks/prefill_ab.py's budget, 1.72x serving tok/s on the H200 (small, c=64), even on the CPU.
+# 4096: 1.72x serving tok/s on the H200 (benchmarks/prefill_ab.py, small, c=64); on the CPU within the
+# noise (1.01x), so one default for both.
 DEFAULT_PREFILL_TOKENS = 4096
 
 # The help of the engine options ddprof capture / sweep pass on, shown by both (one text each).

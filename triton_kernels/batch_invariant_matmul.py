@@ -74,12 +74,13 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
     pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     split, batch = axis2 // batches, (axis2 % batches).to(tl.int64)
     k_start = split * k_chunk  # a BLOCK_K multiple (k_chunk specializes as one of 16: aligned loads)
+    k_offset = k_start.to(tl.int64)  # times a stride: a K-major weight's offset can pass 2**31
     k_left = K - k_start
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_start + ks[None, :]) * stride_xk
-    w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_start + ks[:, None]) * stride_wk
+    x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
+    w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # Every chunk runs the same steps; past K (the last chunk's tail) they load zeros and add 0.
     for k in range(0, k_chunk, BLOCK_K):
@@ -129,7 +130,8 @@ def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | None) -> None:
     """x [B, M, K], w [B, N, K], out [B, M, N] (any strides). With more than one K chunk the partials
     go to a workspace [S, B, M, N] (fp32, from the caching allocator: no host sync, CUDA graphs
-    capture it) that the second kernel sums into out."""
+    capture it) that the second kernel sums into out. It grows with M: 4 bytes x S x M x N, e.g.
+    470 MB for the dense down (N 7168) split 4 ways over a 4,096-row prefill."""
     batch, m, k = x.shape
     n = w.shape[1]
     t = tiles or tiles_for(n, k, x.dtype)

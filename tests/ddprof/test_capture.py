@@ -62,8 +62,8 @@ def test_json_holds_the_run_metadata(run):
     assert {k: meta[k] for k in ("model", "workload", "concurrency", "builder", "seed", "requests")} == dict(
         model="tiny", workload="chat", concurrency=4, builder="cpu", seed=3, requests=REQUESTS)
     assert meta["budget"] >= 1 and meta["device"].startswith("cpu")
-    assert meta["generated_tokens"] == meta["tokens"] + meta["prefill_tokens"]
-    assert meta["prefill_tokens"] == REQUESTS and meta["generated_tokens"] <= REQUESTS * 32
+    assert meta["generated_tokens"] == meta["tokens"] + meta["first_tokens"]
+    assert meta["first_tokens"] == REQUESTS and meta["generated_tokens"] <= REQUESTS * 32
     assert meta["slots"] == min(4, REQUESTS)
     # both from one clock reading: wall_s keeps microseconds (rounded to ms, a short run's tok/s was 4% off)
     assert meta["wall_s"] > 0 and meta["tok_per_s"] == pytest.approx(meta["generated_tokens"] / meta["wall_s"], rel=1e-4)

@@ -185,7 +185,7 @@ def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu():
 
 
 # Split tilings of the narrow-N, long-K shapes (q_a_proj, kv_a_proj, the shared expert's gate/up,
-# the dense down), whatever `--tune` later picks: every chunk count the benchmark tries.
+# the dense down), one chunk count each, together the counts the benchmark tries (2, 4, 8).
 K2_SPLITS = [((1536, 7168), Tiles(64, 64, 128, 4, 3, split_k=4)), ((576, 7168), Tiles(64, 32, 128, 4, 4, split_k=8)),
              ((2048, 7168), Tiles(64, 64, 128, 4, 3, split_k=2)), ((7168, 18432), Tiles(64, 128, 64, 4, 4, split_k=4))]
 
