@@ -68,3 +68,21 @@ def test_the_critical_path_follows_the_running_gpu_work_across_steps(tmp_path):
     assert abs(verify["gpu_ms"] - 3 * 40 / 1e6) < 1e-12 and verify["per_step"]["gpu_ms"]["p50"] == 40 / 1e6
     # The last step's work runs past the last step's end: its GPU time still counts, its run-time cannot.
     assert totals(attribution, "gpu_ns")["draft"] == 90
+
+
+def test_a_real_capture_of_the_overlapped_engine_breaks_down_whole(tmp_path):
+    """The same contract from the real toolchain: the engine overlapping its steps (on the CPU the
+    static step runs eagerly, reordered as on CUDA) under nsys, then ddprof's breakdown: its steps
+    and tokens are the engine's own counts, and every step holds each stage once."""
+    from ddprof.capture import CaptureRequest, capture
+    from ddprof.pipeline import analyse
+
+    result = capture(CaptureRequest(workload="chat", concurrency=3, out=tmp_path / "run", model="tiny", requests=5,
+                                    max_new_tokens=12, seed=1, overlap=True))
+    assert result.meta["overlap"] is True and result.meta["overlap_scope"].startswith("draft only")
+    _, attribution, summary = analyse(result.sqlite)
+    assert summary["steps"] == result.meta["steps"] == result.meta["trace_steps"] > 0
+    assert summary["tokens"] == result.meta["tokens"] > 0
+    assert summary["tok_per_s"] > 0 and summary["bound_by"] in STAGES
+    assert sorted(stage["count"] for stage in summary["stages"]) == [summary["steps"]] * len(STAGES)
+    assert summary["wall"]["prefill"]["ms"] >= 0 and attribution.steps.height == summary["steps"]
