@@ -24,4 +24,5 @@ ls -la "$out"
 # The next call, after pasting TUNED: `pytest -m gpu tests/engine tests/triton_kernels`, the overlap
 # A/Bs of small c=64 and k2-layer c=32 with the GPU builder (benchmarks/overlap_ab.py; the committed
 # ones prefilled one request at a time), benchmarks/batch_invariant_matmul.py (the table with the
-# pasted tilings) and benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32.
+# pasted tilings), benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32, and
+# benchmarks/block_m_invariance.py (whether the row tile could follow M and stay invariant; ~1-2 min).
