@@ -127,7 +127,7 @@ def capture(
         return
     table = Table(show_header=False)
     for key in ("model", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
-                "overlap", "overlap_scope", "generated_tokens",
+                "cuda_graphs", "overlap", "overlap_scope", "prefill_token_budget", "prefills", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)

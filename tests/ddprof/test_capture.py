@@ -5,6 +5,7 @@ The export is read with sqlite3 directly, so these tests check the capture, not 
 
 import json
 import os
+import re
 import sqlite3
 import uuid
 
@@ -12,6 +13,7 @@ import pytest
 
 from ddprof.capture import PHASES, SERVING, CaptureRequest, _count_steps, capture
 from ddprof.errors import DdprofError
+from engine.serve_defaults import DEFAULT_PREFILL_TOKENS
 from engine.stages import DOMAIN, PREFILL, RANK_MARK, STAGES, STEP, TOKENS_MARK
 from tests.ddprof.exports import Export
 
@@ -139,3 +141,21 @@ def test_only_the_engines_step_ranges_are_counted(tmp_path):
     export.range(STEP, 0, 10, domain="someone-else")
     export.range(STEP, 0, 10, domain=None)
     assert _count_steps(export.write(tmp_path / "run.sqlite"), engine_steps=3) == 3
+
+
+def test_the_cli_prints_how_the_run_ran(tmp_path):
+    """The table after a capture says how the steps ran (graphs, overlap, prefill batches), beside
+    what they produced: the same values as the JSON."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "ddprof", "capture", "--workload", "chat", "--concurrency", "4",
+                           "--model", "tiny", "--requests", "4", "--max-new-tokens", "6", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "run.json").read_text())
+    rows = dict(re.findall(r"│ (\w+)\s+│ (.*?)\s+│", done.stdout))
+    for key in ("cuda_graphs", "overlap", "prefill_token_budget", "prefills", "generated_tokens", "steps"):
+        assert rows[key] == str(meta[key]), key
+    assert (rows["cuda_graphs"], rows["overlap"], rows["prefill_token_budget"]) == (
+        "False", "False", str(DEFAULT_PREFILL_TOKENS))  # on the CPU: eager, in order, batched prefill
