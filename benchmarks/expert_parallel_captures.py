@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from ddprof.capture import CaptureRequest, capture  # noqa: E402
+from ddprof.errors import DdprofError  # noqa: E402
 from ddprof.ranks import analyse_ranks, processes  # noqa: E402
 
 WORKLOAD = "chat"
@@ -33,6 +34,13 @@ WORKLOAD = "chat"
 
 def _stages(rows: list[dict]) -> dict:
     return {row["stage"]: {"crit_ms": row["crit_ms"], "comm_ms": row["comm_ms"]} for row in rows}
+
+
+def _whole_numbers(text: str, flag: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise DdprofError(f"{flag} takes comma-separated whole numbers (got {text!r})") from None
 
 
 def measure(ranks: int, concurrency: int, builder: str, args: argparse.Namespace) -> dict:
@@ -44,8 +52,8 @@ def measure(ranks: int, concurrency: int, builder: str, args: argparse.Namespace
     s = analyse_ranks(processes([result.sqlite])).summary
     crit = s["critical_path"]
     return {
-        "ranks": ranks, "concurrency": concurrency, "builder": builder, "trace": str(result.sqlite), "load_average_before": list(load_before),
-        "load_average_after": list(os.getloadavg()),
+        "ranks": ranks, "concurrency": concurrency, "builder": builder, "trace": str(result.sqlite),
+        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
         "capture": {k: result.meta.get(k) for k in ("generated_tokens", "steps", "tokens", "wall_s", "tok_per_s")},
         "critical_path": {"steps": crit["steps"], "tokens": crit["tokens"], "tok_per_s": crit["tok_per_s"],
                           "step_ms_mean": crit["step_ms"]["total"] / crit["steps"], "bound_by": crit["bound_by"],
@@ -68,8 +76,13 @@ def main() -> None:
     parser.add_argument("--trace-dir", type=Path, default=Path("traces/expert-parallel"))
     parser.add_argument("--out", type=Path, default=RESULTS / "expert_parallel_cpu.json")
     args = parser.parse_args()
-    rows = [measure(int(n), int(c), builder, args) for c in args.concurrency.split(",")
-            for builder in args.builders.split(",") for n in args.ranks.split(",")]
+    try:
+        ranks, concurrencies = _whole_numbers(args.ranks, "--ranks"), _whole_numbers(args.concurrency, "--concurrency")
+        rows = [measure(n, c, builder, args) for c in concurrencies for builder in args.builders.split(",")
+                for n in ranks]
+    except DdprofError as error:  # a bad option (a capture refuses it before nsys starts)
+        print(f"benchmarks/expert_parallel_captures.py: {error}", file=sys.stderr)
+        sys.exit(2)
     print(f"{'conc':>4} {'builder':>7} {'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} "
           f"{'comm ms':>8} {'draft ms':>9}")
     for row in rows:
