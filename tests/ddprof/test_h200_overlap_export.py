@@ -1,0 +1,93 @@
+"""ddprof on a real nsys 2025.3 export of the overlapped engine on the H200, checked with plain SQL.
+
+The fixture: `benchmarks/gpu_captures.sh`'s graphs capture of model `small` with the engine's CUDA
+defaults (graphs, overlapped steps, batched prefill), GPU builder, budget 16, chat, concurrency 64,
+64 requests of 48 new tokens, decode steps 2-7 of its 27, cut by `python -m tests.ddprof.trim_export
+SOURCE tests/data/h200_nsys2025_small_overlap.sqlite --first-step 2 --steps 6`. Step N+1's ranges
+run on the host while step N's graphs run on the GPU: the case ddprof must not give to the wrong
+step (tests/ddprof/test_overlapped_trace.py builds it by hand). The in-order fixture beside it
+(test_h200_graphs_export.py) is the contrast.
+"""
+
+import bisect
+import sqlite3
+from collections import Counter
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from ddprof.pipeline import analyse
+from tests.ddprof.test_attribution_reference import _check_against_reference
+from tests.ddprof.test_h200_export import NAMED_RANGES
+from tests.ddprof.test_h200_graphs_export import GRAPHED, LAUNCHED
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+EXPORT = DATA / "h200_nsys2025_small_overlap.sqlite"
+IN_ORDER = DATA / "h200_nsys2025_small_graphs.sqlite"
+STEPS = 6
+
+
+@cache
+def rows(export: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(export) as db:
+        return db.execute(sql).fetchall()
+
+
+def steps(export: Path) -> list[tuple[int, int]]:
+    return rows(export, f"SELECT start, end FROM ({NAMED_RANGES}) WHERE name = 'step' ORDER BY start")
+
+
+def step_of(export: Path, time: int) -> int:
+    """The index (by start) of the last step range starting at or before `time`."""
+    return bisect.bisect_right([start for start, _ in steps(export)], time) - 1
+
+
+def share_after_its_step(export: Path, stage: str) -> float:
+    """Of the GPU time of `stage`'s ops (in steps followed by another), the part that runs after
+    the step range that launched them has ended."""
+    after = total = 0
+    for start, end, _, launch, name, _ in rows(export, LAUNCHED):
+        step = step_of(export, launch)
+        if name == stage and step + 1 < len(steps(export)):
+            total += end - start
+            after += max(0, end - max(start, steps(export)[step][1]))
+    return after / total
+
+
+@pytest.fixture(scope="module")
+def analysed():
+    return analyse(EXPORT)
+
+
+def test_each_steps_gpu_work_runs_after_its_step_range_has_ended():
+    """The overlap, in the trace: draft's, verify's and sampling's GPU work runs (nearly) wholly in
+    the next step's range; in order, wholly inside its own."""
+    for stage in ("draft", "verify", "sampling"):
+        assert share_after_its_step(EXPORT, stage) > 0.85, stage
+        assert share_after_its_step(IN_ORDER, stage) == 0.0, stage
+
+
+def test_gpu_ops_and_graphs_belong_to_the_step_that_launched_them(analysed):
+    _, attribution, summary = analysed
+    ops = Counter((step_of(EXPORT, launch), stage) for _, _, _, launch, stage, _ in rows(EXPORT, LAUNCHED) if stage)
+    per_step = {(row["step_id"], row["owner"]): row["gpu_ops"]
+                for row in attribution.per_step.iter_rows(named=True) if row["gpu_ops"]}
+    assert per_step == ops
+    assert {row["stage"]: row["graph_launches"] for row in summary["stages"]} == {
+        **{stage: STEPS for stage in GRAPHED}, "sampling": 0}
+
+
+def test_gpu_ms_per_stage_counts_the_work_each_stage_launched(analysed):
+    _, _, summary = analysed
+    expected = Counter()
+    for start, end, _, _, stage, _ in rows(EXPORT, LAUNCHED):
+        expected[stage] += end - start
+    assert {row["stage"]: row["gpu_ms"] for row in summary["stages"] if row["gpu_ms"]} == pytest.approx(
+        {stage: ns / 1e6 for stage, ns in expected.items() if stage}, rel=1e-12)
+
+
+def test_the_breakdown_matches_the_brute_force_reference():
+    """Host, GPU, wait and critical-path ns of every stage, as the reference computes them from the
+    definitions (tests/ddprof/test_attribution_reference.py), on the overlapped trace."""
+    _check_against_reference(EXPORT)
