@@ -118,3 +118,24 @@ def test_a_prompt_that_is_not_utf8_is_tokenised_as_its_bytes():
 def test_serve_sizes_its_cache_by_the_requests_not_a_huge_concurrency(tmp_path):
     done = engine(*SERVE, "--concurrency", "10000000", "--summary", tmp_path / "s.json")
     assert done.returncode == 0, done.stderr
+
+
+def test_an_output_file_another_rank_checked_at_the_same_time_is_no_error(tmp_path, monkeypatch):
+    """Each rank of `serve --ranks N` probes --progress and --summary as it starts (create the file,
+    remove it if it was not there): another rank may remove it first. That is no error (it was a
+    traceback, 1 run in 10 of test_serve_ranks.py)."""
+    import builtins
+
+    from engine import arguments
+
+    path, real_open = tmp_path / "progress", builtins.open
+
+    def probe_then_the_other_rank_unlinks(file, *args, **kwargs):
+        handle = real_open(file, *args, **kwargs)
+        Path(file).unlink()
+        return handle
+
+    monkeypatch.setattr(builtins, "open", probe_then_the_other_rank_unlinks)
+    arguments.output_file(path, "--progress")
+    monkeypatch.undo()
+    assert not path.exists()

@@ -58,7 +58,8 @@ def test_a_rank_that_dies_or_hangs_mid_run_stops_the_others(tmp_path, stop, blam
                                 cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while not (progress.exists() and progress.read_text().splitlines()[-1:] != ["loading"]):
-        assert time.monotonic() < deadline and launcher.poll() is None, "the ranks never started serving"
+        assert launcher.poll() is None, f"the ranks ended before serving: {launcher.stderr.read()}"
+        assert time.monotonic() < deadline, "the ranks never started serving"
         time.sleep(0.1)
     rank_1 = children(launcher.pid)[1]
     os.kill(rank_1, stop)
