@@ -4,7 +4,8 @@ critical path over the ranks, stragglers, the all-reduce's host time per stage),
 concurrency and builder asked.
 
     python benchmarks/expert_parallel_captures.py [--ranks 1,2,4] [--requests 32] [--model small]
-        [--concurrency 8] [--builders cpu] [--budget B] [--max-new-tokens M] [--out benchmarks/results/expert_parallel_cpu.json]
+        [--concurrency 8] [--builders cpu] [--budget B] [--max-new-tokens M]
+        [--out benchmarks/results/expert_parallel_cpu.json]
 
 On a machine of several H200s (issue 28): `--model k2-layer --concurrency 32,64 --builders cpu,gpu
 --budget 16 --max-new-tokens 32 --requests 64 --ranks 1,2` (or 1,2,4,8), the traces under
@@ -30,6 +31,7 @@ from ddprof.errors import DdprofError  # noqa: E402
 from ddprof.ranks import analyse_ranks, processes  # noqa: E402
 
 WORKLOAD = "chat"
+BUILDERS = ("cpu", "gpu")
 
 
 def _stages(rows: list[dict]) -> dict:
@@ -76,13 +78,16 @@ def main() -> None:
     parser.add_argument("--trace-dir", type=Path, default=Path("traces/expert-parallel"))
     parser.add_argument("--out", type=Path, default=RESULTS / "expert_parallel_cpu.json")
     args = parser.parse_args()
-    try:
+    try:  # every list checked before the first capture: a bad item last would waste the others
         ranks, concurrencies = _whole_numbers(args.ranks, "--ranks"), _whole_numbers(args.concurrency, "--concurrency")
-        rows = [measure(n, c, builder, args) for c in concurrencies for builder in args.builders.split(",")
-                for n in ranks]
-    except DdprofError as error:  # a bad option (a capture refuses it before nsys starts)
+        builders = args.builders.split(",")
+        if unknown := sorted(set(builders) - set(BUILDERS)):
+            raise DdprofError(f"--builders: no builder {', '.join(map(repr, unknown))}; "
+                              f"choose from {', '.join(BUILDERS)}")
+    except DdprofError as error:
         print(f"benchmarks/expert_parallel_captures.py: {error}", file=sys.stderr)
         sys.exit(2)
+    rows = [measure(n, c, builder, args) for c in concurrencies for builder in builders for n in ranks]
     print(f"{'conc':>4} {'builder':>7} {'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} "
           f"{'comm ms':>8} {'draft ms':>9}")
     for row in rows:

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -146,16 +148,12 @@ def test_only_the_engines_step_ranges_are_counted(tmp_path):
 def test_the_cli_prints_how_the_run_ran(tmp_path):
     """The table after a capture says how the steps ran (graphs, overlap, prefill batches), beside
     what they produced: the same values as the JSON."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, "-m", "ddprof", "capture", "--workload", "chat", "--concurrency", "4",
-                           "--model", "tiny", "--requests", "4", "--max-new-tokens", "6", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300)
+                           "--model", "tiny", "--requests", "4", "--max-new-tokens", "6",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "run.json").read_text())
     rows = dict(re.findall(r"│ (\w+)\s+│ (.*?)\s+│", done.stdout))
     for key in ("cuda_graphs", "overlap", "prefill_token_budget", "prefills", "generated_tokens", "steps"):
         assert rows[key] == str(meta[key]), key
-    assert (rows["cuda_graphs"], rows["overlap"], rows["prefill_token_budget"]) == (
-        "False", "False", str(DEFAULT_PREFILL_TOKENS))  # on the CPU: eager, in order, batched prefill
+    assert rows["cuda_graphs"] in ("True", "False") and rows["prefill_token_budget"] == str(DEFAULT_PREFILL_TOKENS)

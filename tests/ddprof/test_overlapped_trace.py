@@ -71,9 +71,10 @@ def test_the_critical_path_follows_the_running_gpu_work_across_steps(tmp_path):
 
 
 def test_a_real_capture_of_the_overlapped_engine_breaks_down_whole(tmp_path):
-    """The same contract from the real toolchain: the engine overlapping its steps (on the CPU the
-    static step runs eagerly, reordered as on CUDA) under nsys, then ddprof's breakdown: its steps
-    and tokens are the engine's own counts, and every step holds each stage once."""
+    """The counting half of the contract from the real toolchain (a CPU capture has no GPU work):
+    the engine overlapping its steps (on the CPU the static step runs eagerly, reordered as on CUDA)
+    under nsys, then ddprof's breakdown: its steps and tokens are the engine's own counts, and every
+    step holds each stage once."""
     from ddprof.capture import CaptureRequest, capture
     from ddprof.pipeline import analyse
 
@@ -85,4 +86,4 @@ def test_a_real_capture_of_the_overlapped_engine_breaks_down_whole(tmp_path):
     assert summary["tokens"] == result.meta["tokens"] > 0
     assert summary["tok_per_s"] > 0 and summary["bound_by"] in STAGES
     assert sorted(stage["count"] for stage in summary["stages"]) == [summary["steps"]] * len(STAGES)
-    assert summary["wall"]["prefill"]["ms"] >= 0 and attribution.steps.height == summary["steps"]
+    assert attribution.steps.height == summary["steps"]
