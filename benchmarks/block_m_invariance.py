@@ -2,7 +2,9 @@
 when only BLOCK_M and the warp count change, at Kimi K2's projection shapes in bf16.
 
 The batch-invariant GEMM fixes its whole tiling by (N, K), so one tiling must serve M = 1 and
-M = 1,088, and the large-M points run at 1.3-2.4x cuBLAS (benchmarks/results/batch_invariant_matmul.json).
+M = 1,088: the wide shapes that keep pace with cuBLAS at M = 1 (kv_b_proj 1.05x, lm_head 1.12x) fall
+to 1.35-1.47x at M = 544-1,088 (benchmarks/results/batch_invariant_matmul.json; the narrow-N shapes'
+2-2.4x at every M is split-K's question, not this one).
 A row's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever BLOCK_M is; whether the
 tensor cores' instructions for a 16-, 64- or 128-row tile (and 4 or 8 warps) round that sequence
 alike is a property of the hardware and Triton's lowering, not of the algorithm. If every row is

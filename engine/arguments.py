@@ -74,8 +74,8 @@ def output_file(path: Path | None, flag: str) -> None:
             pass
     except OSError as error:
         raise EngineError(f"{flag} {path}: cannot write ({error.strerror})") from None
-    if not existed:  # missing_ok: the ranks of one run check the same files at once, one may unlink first
-        path.unlink(missing_ok=True)
+    if not existed:  # missing_ok: the ranks of one run probe the same files at once, one may unlink first
+        path.unlink(missing_ok=True)  # (all probe before the rendezvous, so none removes a file being written)
 
 
 def add_batch_invariant(parser: argparse.ArgumentParser) -> None:

@@ -47,18 +47,19 @@ LAUNCHED = f"""
 
 
 @cache
-def rows(sql: str) -> list[tuple]:
-    with sqlite3.connect(EXPORT) as db:
+def rows(sql: str, export: Path = EXPORT) -> list[tuple]:
+    with sqlite3.connect(export) as db:
         return db.execute(sql).fetchall()
 
 
-def step_starts() -> list[int]:
-    return [start for (start,) in rows(f"SELECT start FROM ({NAMED_RANGES}) WHERE name = 'step' ORDER BY start")]
+def step_starts(export: Path = EXPORT) -> list[int]:
+    return [start for (start,) in rows(f"SELECT start FROM ({NAMED_RANGES}) WHERE name = 'step' ORDER BY start",
+                                       export)]
 
 
-def step_of(time: int) -> int:
-    """The index (by start) of the last step range starting at or before `time`."""
-    return bisect.bisect_right(step_starts(), time) - 1
+def step_of(time: int, export: Path = EXPORT) -> int:
+    """The index (by start) of the last step range starting at or before `time` (in `export`)."""
+    return bisect.bisect_right(step_starts(export), time) - 1
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,7 @@ step (tests/ddprof/test_overlapped_trace.py builds it by hand). The in-order fix
 (test_h200_graphs_export.py) is the contrast.
 """
 
-import bisect
-import sqlite3
 from collections import Counter
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ import pytest
 from ddprof.pipeline import analyse
 from tests.ddprof.test_attribution_reference import _check_against_reference
 from tests.ddprof.test_h200_export import NAMED_RANGES
-from tests.ddprof.test_h200_graphs_export import GRAPH_LAUNCHES, GRAPHED, LAUNCHED
+from tests.ddprof.test_h200_graphs_export import GRAPH_LAUNCHES, GRAPHED, LAUNCHED, rows, step_of
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 EXPORT = DATA / "h200_nsys2025_small_overlap.sqlite"
@@ -28,30 +25,20 @@ IN_ORDER = DATA / "h200_nsys2025_small_graphs.sqlite"
 STEPS = 6
 
 
-@cache
-def rows(export: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(export) as db:
-        return db.execute(sql).fetchall()
-
-
-def steps(export: Path) -> list[tuple[int, int]]:
-    return rows(export, f"SELECT start, end FROM ({NAMED_RANGES}) WHERE name = 'step' ORDER BY start")
-
-
-def step_of(export: Path, time: int) -> int:
-    """The index (by start) of the last step range starting at or before `time`."""
-    return bisect.bisect_right([start for start, _ in steps(export)], time) - 1
+def step_ends(export: Path) -> list[int]:
+    return [end for (end,) in rows(f"SELECT end FROM ({NAMED_RANGES}) WHERE name = 'step' ORDER BY start", export)]
 
 
 def share_after_its_step(export: Path, stage: str) -> float:
     """Of the GPU time of `stage`'s ops (in steps followed by another), the part that runs after
     the step range that launched them has ended."""
     after = total = 0
-    for start, end, _, launch, name, _ in rows(export, LAUNCHED):
-        step = step_of(export, launch)
-        if name == stage and step + 1 < len(steps(export)):
+    ends = step_ends(export)
+    for start, end, _, launch, name, _ in rows(LAUNCHED, export):
+        step = step_of(launch, export)
+        if name == stage and step + 1 < len(ends):
             total += end - start
-            after += max(0, end - max(start, steps(export)[step][1]))
+            after += max(0, end - max(start, ends[step]))
     return after / total
 
 
@@ -74,11 +61,11 @@ def test_gpu_work_and_graphs_belong_to_the_step_that_launched_them(analysed):
     would keep their op counts but not their ns)."""
     _, attribution, _ = analysed
     ops, gpu_ns = Counter(), Counter()
-    for start, end, _, launch, stage, _ in rows(EXPORT, LAUNCHED):
+    for start, end, _, launch, stage, _ in rows(LAUNCHED, EXPORT):
         if stage:
-            ops[step_of(EXPORT, launch), stage] += 1
-            gpu_ns[step_of(EXPORT, launch), stage] += end - start
-    launches = Counter((step_of(EXPORT, start), stage) for start, _, stage in rows(EXPORT, GRAPH_LAUNCHES))
+            ops[step_of(launch, EXPORT), stage] += 1
+            gpu_ns[step_of(launch, EXPORT), stage] += end - start
+    launches = Counter((step_of(start, EXPORT), stage) for start, _, stage in rows(GRAPH_LAUNCHES, EXPORT))
     per_step = list(attribution.per_step.iter_rows(named=True))
     for column, expected in (("gpu_ops", ops), ("gpu_ns", gpu_ns), ("graph_launches", launches)):
         assert {(row["step_id"], row["owner"]): row[column] for row in per_step if row[column]} == expected, column
@@ -88,7 +75,7 @@ def test_gpu_work_and_graphs_belong_to_the_step_that_launched_them(analysed):
 def test_gpu_ms_per_stage_counts_the_work_each_stage_launched(analysed):
     _, _, summary = analysed
     expected = Counter()
-    for start, end, _, _, stage, _ in rows(EXPORT, LAUNCHED):
+    for start, end, _, _, stage, _ in rows(LAUNCHED, EXPORT):
         expected[stage] += end - start
     assert {row["stage"]: row["gpu_ms"] for row in summary["stages"] if row["gpu_ms"]} == pytest.approx(
         {stage: ns / 1e6 for stage, ns in expected.items() if stage}, rel=1e-12)
