@@ -41,11 +41,16 @@ class Tiles(NamedTuple):
 # --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
 # benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
 TUNED: dict[tuple[int, int], Tiles] = {
-    (1536, 7168): Tiles(64, 64, 128, 4, 3),    # q_a_proj
-    (12288, 1536): Tiles(64, 128, 64, 8, 3),   # q_b_proj
-    (576, 7168): Tiles(64, 32, 128, 4, 4),     # kv_a_proj
-    (16384, 512): Tiles(64, 128, 64, 8, 3),    # kv_b_proj
-    (7168, 8192): Tiles(64, 128, 64, 4, 4),    # o_proj
+    (1536, 7168): Tiles(64, 128, 64, 4, 4, split_k=2),   # q_a_proj
+    (12288, 1536): Tiles(128, 128, 64, 8, 3),            # q_b_proj
+    (576, 7168): Tiles(64, 128, 64, 4, 4, split_k=4),    # kv_a_proj
+    (16384, 512): Tiles(128, 128, 64, 8, 3),             # kv_b_proj
+    (7168, 8192): Tiles(64, 128, 64, 4, 4),              # o_proj
+    (18432, 7168): Tiles(64, 128, 64, 4, 4),             # dense gate/up
+    (7168, 18432): Tiles(64, 128, 64, 4, 4, split_k=4),  # dense down
+    (2048, 7168): Tiles(64, 128, 64, 4, 4, split_k=4),   # shared expert gate/up
+    (7168, 2048): Tiles(64, 128, 64, 4, 4),              # shared expert down
+    (163840, 7168): Tiles(128, 128, 64, 8, 3),           # lm_head
 }
 
 
