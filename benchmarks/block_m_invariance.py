@@ -11,7 +11,7 @@ alike is a property of the hardware and Triton's lowering, not of the algorithm.
 bit-identical across row tiles, the GEMM may pick BLOCK_M and the warps by M (a bucket per range, as
 the CUDA graphs do) and stay batch-invariant; if not, the row tile must stay fixed (issue 29).
 
-For each shape: the shape's tiling (`tiles_for`) on 1,088 random rows is the reference; the
+For each shape: the shape's tiling (`base_tiles`) on 1,088 random rows is the reference; the
 tiling itself (the control: any difference there is M-dependence, a bug) and each variant
 (BLOCK_M in 16, 32, 64, 128, warps 4 and 8, BLOCK_N, BLOCK_K, stages and split_k kept) compute
 every M of the decode range, and the table counts their rows bit-identical to the reference's and
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import ROWS, SHAPES, inputs  # noqa: E402
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
-from triton_kernels.batch_invariant_matmul import Tiles, _launch, tiles_for  # noqa: E402
+from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
 ROW_TILES = (16, 32, 64, 128)
 WARPS = (4, 8)
@@ -85,7 +85,7 @@ def main() -> None:
     print(f"{'shape':>22} {'BLOCK_M':>7} {'warps':>5} {'identical rows':>15} {'max |diff|':>10}")
     for name, n, k in SHAPES:
         x, w = inputs(n, k, gen)
-        tiles = tiles_for(n, k, torch.bfloat16)
+        tiles = base_tiles(n, k, torch.bfloat16)
         reference = accumulators(x, w, tiles)
         rows = []
         for variant in variants(tiles):

@@ -8,6 +8,13 @@ chosen from (N, K) and the dtype alone: every output element is the same sequenc
 whatever M is, and a row's place inside its tile does not change them. A batch axis (one matrix per
 head: MLA's absorbed projections) rides on the grid's third axis.
 
+What may follow M is the row side of the tiling (`RowTiles`: BLOCK_M, warps, pipeline stages): it
+changes which rows share a program, not an element's K loop. On the H200 every row kept its fp32
+accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2 shapes
+(benchmarks/results/block_m_invariance.json), and `--tune` keeps a row tiling only if its output is
+bit-identical to the base tiling's on the same rows. So one tiling no longer has to serve M = 1
+(memory-bound) and M = 1,088 (compute-bound) at once: ROW_TUNED picks the row side per M range.
+
 Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 24 programs
 for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
 of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and S alone. Each
@@ -37,6 +44,13 @@ class Tiles(NamedTuple):
     split_k: int = 1  # K cut into this many chunks (see the docstring); 1: one K loop, no workspace
 
 
+class RowTiles(NamedTuple):
+    """The side of a tiling that may follow M (see the docstring): it never changes an element's K loop."""
+    block_m: int
+    num_warps: int
+    num_stages: int
+
+
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
 # --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
 # benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
@@ -54,19 +68,48 @@ TUNED: dict[tuple[int, int], Tiles] = {
 }
 
 
-def tiles_for(n: int, k: int, dtype: torch.dtype) -> Tiles:
-    """The tiling of an [M, k] x [k, n] product, from (n, k) and the dtype alone (never from M).
+# bf16, (N, K) -> ((largest M, RowTiles), ...) by ascending M: the row side of TUNED[N, K] per M range
+# (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
+# --tune` (its "rows" per shape in the tuning file; a test checks that they agree). Shapes missing
+# here keep TUNED's row side at every M.
+ROW_TUNED: dict[tuple[int, int], tuple[tuple[int, RowTiles], ...]] = {
+    (1536, 7168): ((544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # q_a_proj
+    (12288, 1536): ((17, RowTiles(16, 4, 4)), (64, RowTiles(64, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # q_b_proj
+    (576, 7168): ((544, RowTiles(64, 4, 4)), (1088, RowTiles(64, 8, 3)),),  # kv_a_proj
+    (16384, 512): ((17, RowTiles(16, 4, 4)), (64, RowTiles(64, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # kv_b_proj
+    (7168, 8192): ((64, RowTiles(64, 4, 4)), (136, RowTiles(128, 4, 4)), (544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # o_proj
+    (18432, 7168): ((8, RowTiles(16, 4, 4)), (136, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # dense gate/up
+    (7168, 18432): ((1, RowTiles(16, 4, 4)), (136, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # dense down
+    (2048, 7168): ((136, RowTiles(64, 4, 4)), (544, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # shared expert gate/up
+    (7168, 2048): ((17, RowTiles(16, 4, 4)), (544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # shared expert down
+    (163840, 7168): ((8, RowTiles(16, 8, 3)), (17, RowTiles(128, 8, 3)), (64, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # lm_head
+}
 
-    One tiling must serve M = 1 (memory-bound on the weight: narrow tiles, many programs) and
-    M = 1,088 (compute-bound: wide tiles), so each tuned shape takes the one whose worst ratio to
-    cuBLAS over the decode range is smallest. float32 (the router, the CPU tests) runs IEEE products.
-    """
+
+def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
+    """The tiling of an [M, k] x [k, n] product from (n, k) and the dtype alone: what fixes each
+    element's K loop (BLOCK_N, BLOCK_K, split_k), with the row side tuned to serve every M.
+    float32 (the router, the CPU tests) runs IEEE products."""
     if dtype == torch.float32:
         return Tiles(32, 32, 32, 4, 2)
     if (n, k) in TUNED:
         return TUNED[n, k]
     # Untuned shapes: the tiling that did best at large M among the tuned shapes of their kind.
     return Tiles(128, 128, 64, 8, 3) if n >= 7168 else Tiles(64, 64, 128, 4, 3)
+
+
+def with_rows(tiles: Tiles, ranges: tuple[tuple[int, RowTiles], ...], m: int) -> Tiles:
+    """tiles with the row side that `ranges` (a ROW_TUNED entry) gives M rows."""
+    for bound, rows in ranges:
+        tiles = tiles._replace(**rows._asdict())
+        if m <= bound:
+            break
+    return tiles
+
+
+def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
+    """base_tiles with its row side for M rows (ROW_TUNED): M picks BLOCK_M, warps and stages only."""
+    return with_rows(base_tiles(n, k, dtype), ROW_TUNED.get((n, k), ()) if dtype == torch.bfloat16 else (), m)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -139,7 +182,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     470 MB for the dense down (N 7168) split 4 ways over a 4,096-row prefill."""
     batch, m, k = x.shape
     n = w.shape[1]
-    t = tiles or tiles_for(n, k, x.dtype)
+    t = tiles or tiles_for(n, k, x.dtype, m)
     if m == 0 or n == 0:
         return
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
