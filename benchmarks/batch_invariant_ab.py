@@ -2,9 +2,11 @@
 batch-invariant GEMMs and norms (triton_kernels/batch_invariant_matmul.py, rms_norm.py: a row's bits
 never depend on the batch, so greedy DDTree equals AR) against the vendor's (cuBLAS and PyTorch's
 reductions, picked by row count: `--no-batch-invariant`). Each decodes its own tokens (rounding
-differs), the same in every round. The method: benchmarks/serving_ab.py.
+differs), the same in every round. With CUDA both are graphed by default, each its own engine
+recorded under its numerics; `--no-cuda-graphs`: one eager engine switched between them. The
+method: benchmarks/serving_ab.py.
 
-    python benchmarks/batch_invariant_ab.py [--model k2-layer] [--concurrency 32] [--builder gpu] [--rounds 3]
+    python benchmarks/batch_invariant_ab.py [--model k2-layer] [--concurrency 32] [--builder gpu] [--rounds 3] [--no-cuda-graphs]
 
 Prints one row per run and writes JSON (default benchmarks/results/batch_invariant_ab.json).
 """
@@ -29,4 +31,4 @@ def numerics(variant: str):
 
 if __name__ == "__main__":
     run_ab("batch_invariant_ab", lambda: switch_ab("batch_invariant_ab", __doc__.splitlines()[0], "numerics", (VENDOR, INVARIANT), numerics,
-                                      same_numerics=False))
+                                      same_numerics=False, graphs=True))

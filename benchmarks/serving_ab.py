@@ -188,19 +188,25 @@ def write_result(benchmark: str, workload: Workload, rows: list[dict], verdict: 
 
 
 def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str, str],
-              switch: Callable[[str], ContextManager], same_numerics: bool) -> None:
+              switch: Callable[[str], ContextManager], same_numerics: bool, graphs: bool) -> None:
     """The A/B of two settings of one engine, `switch(variant)` turning each on around its runs (the
     main of moe_dispatch_ab.py and batch_invariant_ab.py). `same_numerics`: both variants must
-    decode the same tokens; else each its own, the same in every round."""
-    # Eager: a switch turns model code on and off around runs, and a recorded graph would replay one
-    # variant's kernels for both.
-    args = checked_arguments(workload_arguments(description, f"{benchmark}.json", graphs=False))
+    decode the same tokens; else each its own, the same in every round. `graphs`: both variants can
+    be recorded in CUDA graphs (--cuda-graphs, on by default with CUDA); else both run eagerly."""
+    # A switch turns model code on and off around runs, and a recorded graph replays the kernels it
+    # was recorded with: graphed, each variant has its own engine, recorded inside its switch;
+    # eager, one engine serves both.
+    args = checked_arguments(workload_arguments(description, f"{benchmark}.json", graphs=graphs))
     workload = Workload(args)
-    engine = workload.engine(args.builder)
+    graphed = getattr(args, "cuda_graphs", False)
+    engines = {}
+    for variant in variants if graphed else variants[:1]:
+        with switch(variant):
+            engines[variant] = workload.engine(args.builder, cuda_graphs=graphed)
 
     def run(variant: str) -> dict:
         with switch(variant):
-            return workload.serve(engine, "" if same_numerics else variant)
+            return workload.serve(engines.get(variant, engines[variants[0]]), "" if same_numerics else variant)
 
     rows, verdict = paired_rounds(run, variants, args.rounds, field)
     write_result(benchmark, workload, rows, verdict)

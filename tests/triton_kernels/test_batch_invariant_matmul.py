@@ -13,17 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from triton_kernels.batch_invariant_matmul import (TUNED, Tiles, batch_invariant_linear, batch_invariant_per_head,
-                                                   k_chunks, tiles_for)
+from triton_kernels.batch_invariant_matmul import (ROW_TUNED, TUNED, RowTiles, Tiles, base_tiles, batch_invariant_linear,
+                                                   batch_invariant_per_head, k_chunks, tiles_for, with_rows)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collection (the id replays it)
 TUNING = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_invariant_matmul_tuning.json"
+ROW_TUNING = TUNING.with_name("batch_invariant_matmul_row_tuning.json")
 
 
 def split_tiles(split_k: int) -> Tiles:
     """float32's tiling (BLOCK_K 32) with K cut into `split_k` chunks."""
-    return tiles_for(1, 1, torch.float32)._replace(split_k=split_k)
+    return base_tiles(1, 1, torch.float32)._replace(split_k=split_k)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -61,7 +62,7 @@ def test_a_row_alone_equals_the_row_in_a_batch_cpu():
     and rows that start a tile); the `gpu` test also moves a row to another place in its tile."""
     gen = torch.Generator().manual_seed(4)
     x, w = random((70, 96), torch.float32, gen), random((48, 96), torch.float32, gen)
-    block_m = tiles_for(48, 96, torch.float32).block_m
+    block_m = base_tiles(48, 96, torch.float32).block_m
     batch = batch_invariant_linear(x, w)
     for m in (1, 2, 17, 33, 70):
         assert torch.equal(batch_invariant_linear(x[:m], w)[0], batch[0]), m
@@ -78,11 +79,27 @@ def test_empty_and_mismatched_inputs():
         batch_invariant_linear(torch.ones(2, 16, dtype=torch.float64, device=DEVICE), w)
 
 
-def test_tiles_never_depend_on_the_row_count():
-    """The tiling is a function of (N, K, dtype): it takes no M at all."""
-    import inspect
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_row_count_moves_only_the_row_side_of_the_tiling(dtype):
+    """What fixes an element's K loop (BLOCK_N, BLOCK_K, split_k) is base_tiles' at every M; M picks
+    only RowTiles' fields, from ROW_TUNED's ranges (the last range's past its bound)."""
+    for n, k in [*TUNED, (4096, 4096)]:
+        base = base_tiles(n, k, dtype)
+        seen = set()
+        for m in range(1, 2200, 7):
+            tiles = tiles_for(n, k, dtype, m)
+            assert (tiles.block_n, tiles.block_k, tiles.split_k) == (base.block_n, base.block_k, base.split_k)
+            seen.add(RowTiles(tiles.block_m, tiles.num_warps, tiles.num_stages))
+        ranges = ROW_TUNED.get((n, k), ()) if dtype == torch.bfloat16 else ()
+        assert seen == ({rows for _, rows in ranges} or {RowTiles(base.block_m, base.num_warps, base.num_stages)})
 
-    assert list(inspect.signature(tiles_for).parameters) == ["n", "k", "dtype"]
+
+def test_row_ranges_pick_by_their_bounds():
+    base = Tiles(64, 128, 64, 4, 4)
+    ranges = ((8, RowTiles(16, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)))
+    picks = {m: with_rows(base, ranges, m).block_m for m in (1, 8, 9, 136, 137, 1088, 5000)}
+    assert picks == {1: 16, 8: 16, 9: 64, 136: 64, 137: 128, 1088: 128, 5000: 128}
+    assert with_rows(base, (), 17) == base
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -146,6 +163,20 @@ def test_tuned_tilings_are_the_committed_tuning_runs_picks():
     for shape, pick in tuned.items():
         n, k = map(int, shape.split("x"))
         assert TUNED.get((n, k)) == Tiles(**pick["tiles"]), pick["name"]
+
+
+def test_row_tuned_ranges_are_the_committed_row_tuning_runs_picks():
+    """ROW_TUNED holds the picks of `--tune-rows` (the lines it prints), each tuned on TUNED's tiling,
+    and the run kept no row side whose output differed from the base tiling's."""
+    row_tuned = json.loads(ROW_TUNING.read_text())["row_tuned"]
+    assert row_tuned.keys() == {f"{n}x{k}" for n, k in ROW_TUNED}
+    for shape, pick in row_tuned.items():
+        n, k = map(int, shape.split("x"))
+        assert Tiles(**pick["tiles"]) == TUNED[n, k], pick["name"]
+        assert ROW_TUNED[n, k] == tuple((r["up_to_m"], RowTiles(**r["rows"])) for r in pick["ranges"]), pick["name"]
+        for tried in (t for t in pick["tried"] if t.get("not_invariant")):
+            chosen = with_rows(TUNED[n, k], ROW_TUNED[n, k], tried["m"])
+            assert RowTiles(chosen.block_m, chosen.num_warps, chosen.num_stages) != RowTiles(**tried["rows"]), tried
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
