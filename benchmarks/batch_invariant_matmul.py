@@ -16,12 +16,17 @@ into the result file's "tuned" block, and the run prints the TUNED lines to past
 `triton_kernels/batch_invariant_matmul.py` (split_k where not 1); the committed tuning run is
 `--tune --out benchmarks/results/batch_invariant_matmul_tuning.json`.
 
-`--tune-rows` then picks the row side (RowTiles: BLOCK_M, warps, stages) of each shape's tiling per
-M: at each M of the table, the fastest of ROW_CANDIDATES whose output is bit-identical to the base
-tiling's on the same rows (one that is not is recorded as "not_invariant" and never picked). Picks
-at consecutive M that agree merge into one range; the run prints the ROW_TUNED lines to paste. It
-times 7 x (cuBLAS + at most 8 candidates) per shape, about 25 s with the compiles; the committed
-run is `--tune-rows --out benchmarks/results/batch_invariant_matmul_row_tuning.json`.
+`--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages) of each
+shape's tiling per M: at each M of the table, the fastest blocking whose output is bit-identical
+to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never
+picked), searched in two passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
+then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS). Picks at consecutive
+M that agree merge into one range; the run prints the BLOCKING_BY_M lines to paste. It times
+7 x (cuBLAS + at most 16 candidates) per shape, about 40 s with the compiles, so all ten shapes
+with their table take two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
+committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.json, a later name's
+picks over an earlier's (the first, 2026-12-01, searched BLOCK_M, warps and stages only: its
+"row_tuned" block).
 
 How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
 a fresh tiling's compile a second or two. Tuning all ten shapes is at most 10 x 5 cuBLAS timings +
@@ -30,7 +35,7 @@ candidates stop early; the four split-K shapes alone, `--shapes "q_a_proj,kv_a_p
 gate/up,dense down"`: at most 440, about 2 minutes); the table then adds 10 x 7 x 2 timings of
 about 1 s (rep 50 ms): about 2.5 minutes for all shapes. The run prints each shape's tuning time.
 
-    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-rows] [--shapes NAME,...] [--out FILE]
+    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking] [--shapes NAME,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
-from triton_kernels.batch_invariant_matmul import (ROW_TUNED, TUNED, RowTiles, Tiles, base_tiles,  # noqa: E402
-                                                   batch_invariant_linear, with_rows)
+from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, Blocking, Tiles, base_tiles,  # noqa: E402
+                                                   batch_invariant_linear, blocking_of, with_blocking)
 
 # (name, N, K): Kimi K2's projections (hidden 7168, 64 heads).
 SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 576, 7168),
@@ -68,8 +73,11 @@ SPLIT_CANDIDATES = [Tiles(64, block_n, block_k, warps, stages, split_k)
                     for block_n, block_k, warps, stages in [(32, 128, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4)]
                     for split_k in (2, 4, 8)]
 
-# The row side per M: BLOCK_M no wider than M needs (rounded up to a power of two, at least 16).
-ROW_CANDIDATES = [RowTiles(block_m, warps, stages) for block_m in (16, 32, 64, 128) for warps, stages in ((4, 4), (8, 3))]
+# The blocking per M, first pass: BLOCK_M (no wider than M needs, rounded up to a power of two, at
+# least 16) with the warps and stages; second pass: BLOCK_N at the first pass's BLOCK_M.
+LAUNCHES = ((4, 4), (8, 3))
+ROW_BLOCKINGS = [(block_m, warps, stages) for block_m in (16, 32, 64, 128) for warps, stages in LAUNCHES]
+COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) for warps, stages in LAUNCHES]
 
 
 def candidates(n: int, k: int) -> list[Tiles]:
@@ -117,41 +125,62 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
     return Tiles(**pick["tiles"]), tried
 
 
-def tune_rows(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[tuple[int, RowTiles], ...], list[dict]]:
-    """ROW_TUNED's entry for this shape: at each M the fastest row side that keeps the base tiling's
-    bits (see the docstring), then consecutive M with the same pick merged; with everything tried."""
+def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
+    """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
+    tiling's bits (the docstring's two passes), then consecutive M with the same pick merged; with
+    everything tried."""
     reference = batch_invariant_linear(x, w, base)
     tried, picks = [], []
     for m in ROWS:
         cublas = bench(lambda: F.linear(x[:m], w), rep_ms=TUNE_REP_MS)
         widest = max(16, 1 << (m - 1).bit_length())
-        best = None
-        own = RowTiles(base.block_m, base.num_warps, base.num_stages)
-        for rows in [own] + [r for r in ROW_CANDIDATES if r.block_m <= widest and r != own]:
-            tiles = base._replace(**rows._asdict())
-            entry = {"m": m, "rows": rows._asdict()}
-            try:
-                invariant = torch.equal(batch_invariant_linear(x[:m], w, tiles), reference[:m])
-                entry["ratio_to_cublas"] = bench(lambda: batch_invariant_linear(x[:m], w, tiles), rep_ms=TUNE_REP_MS) / cublas
-            except Exception as error:  # e.g. out of shared memory for this tile shape
-                entry["error"] = str(error).splitlines()[0][:200]
+        best: dict[Blocking, float | None] = {}  # each blocking tried at this M: its ratio if invariant
+
+        def time_each(blockings: list[Blocking]) -> None:
+            for blocking in blockings:
+                if blocking in best:
+                    continue
+                tiles = base._replace(**blocking._asdict())
+                entry = {"m": m, "blocking": blocking._asdict()}
+                try:
+                    invariant = torch.equal(batch_invariant_linear(x[:m], w, tiles), reference[:m])
+                    ratio = bench(lambda: batch_invariant_linear(x[:m], w, tiles), rep_ms=TUNE_REP_MS) / cublas
+                except Exception as error:  # e.g. out of shared memory for this tile shape
+                    entry["error"] = str(error).splitlines()[0][:200]
+                    best[blocking] = None
+                else:
+                    entry.update(ratio_to_cublas=ratio, not_invariant=not invariant)
+                    best[blocking] = ratio if invariant else None
                 tried.append(entry)
-                continue
-            entry["not_invariant"] = not invariant
-            tried.append(entry)
-            if invariant and (best is None or entry["ratio_to_cublas"] < best[1]):
-                best = (rows, entry["ratio_to_cublas"])
-        print(f"  M={m}: {best[0]} {best[1]:.2f}x" if best else f"  M={m}: no invariant row tiling", flush=True)
-        picks.append((m, best[0] if best else own))
+
+        time_each([blocking_of(base)] + [Blocking(block_m, base.block_n, warps, stages)
+                                         for block_m, warps, stages in ROW_BLOCKINGS if block_m <= widest])
+        rows_pick = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
+        time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
+        pick = min((b for b, r in best.items() if r is not None), key=best.get, default=None)
+        print(f"  M={m}: {pick} {best[pick]:.2f}x" if pick else f"  M={m}: no invariant blocking", flush=True)
+        picks.append((m, pick or blocking_of(base)))
     merged = [pick for i, pick in enumerate(picks) if i + 1 == len(picks) or picks[i + 1][1] != pick[1]]
     return tuple(merged), tried
+
+
+def blocking_picks(result: dict) -> dict[tuple[int, int], tuple[tuple[int, Blocking], ...]]:
+    """A tuning file's BLOCKING_BY_M entries, (N, K) -> ranges. Its first run (block "row_tuned")
+    searched BLOCK_M, warps and stages at the base's BLOCK_N, recorded in each shape's "tiles"."""
+    picks = {}
+    for shape, pick in result.get("blocking_tuned", {}).items():
+        picks[shape] = tuple((r["up_to_m"], Blocking(**r["blocking"])) for r in pick["ranges"])
+    for shape, pick in result.get("row_tuned", {}).items():
+        picks[shape] = tuple((r["up_to_m"], Blocking(block_n=pick["tiles"]["block_n"], **r["rows"]))
+                             for r in pick["ranges"])
+    return {tuple(map(int, shape.split("x"))): ranges for shape, ranges in picks.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "batch_invariant_matmul.json")
     parser.add_argument("--tune", action="store_true", help="pick each shape's tiling first (see the docstring)")
-    parser.add_argument("--tune-rows", action="store_true", help="then pick each shape's row side per M (the docstring)")
+    parser.add_argument("--tune-blocking", action="store_true", help="then pick each shape's blocking per M (the docstring)")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
                         + ", ".join(name for name, _, _ in SHAPES))
     args = parser.parse_args()
@@ -165,9 +194,9 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     peak = ceilings()
     print(f"ceilings: bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s, copy {peak['copy_gbps']:.0f} GB/s")
-    rows, tuned, row_tuned = [], {}, {}
+    rows, tuned, blocking_tuned = [], {}, {}
     result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "tuned": tuned,
-              "row_tuned": row_tuned, "rows": rows}
+              "blocking_tuned": blocking_tuned, "rows": rows}
     print(f"{'shape':>22} {'N':>6} {'K':>6} {'M':>5} {'ours us':>8} {'cuBLAS us':>9} {'x':>5} {'TF/s':>6} {'of BW':>6}")
     for name, n, k in chosen:
         x, w = inputs(n, k, gen)
@@ -180,18 +209,18 @@ def main() -> None:
             print(f"  {name}: {tiles_line(tiles)} ({tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
         else:
             tiles = base_tiles(n, k, torch.bfloat16)
-        ranges = ROW_TUNED.get((n, k), ()) if tiles == base_tiles(n, k, torch.bfloat16) else ()
-        if args.tune_rows:
-            print(f"tuning {name}'s row side on {tiles_line(tiles)}")
+        ranges = BLOCKING_BY_M.get((n, k), ()) if tiles == base_tiles(n, k, torch.bfloat16) else ()
+        if args.tune_blocking:
+            print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
             started = time.perf_counter()
-            ranges, tried = tune_rows(x, w, tiles)
-            row_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
-                                     "ranges": [{"up_to_m": bound, "rows": r._asdict()} for bound, r in ranges],
-                                     "seconds": time.perf_counter() - started}
-            print(f"  {name}: {ranges_line(ranges)} ({row_tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
+            ranges, tried = tune_blocking(x, w, tiles)
+            blocking_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
+                                          "ranges": [{"up_to_m": bound, "blocking": b._asdict()} for bound, b in ranges],
+                                          "seconds": time.perf_counter() - started}
+            print(f"  {name}: {ranges_line(ranges)} ({blocking_tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
         full = batch_invariant_linear(x, w, tiles)
         for m in ROWS:
-            at_m = with_rows(tiles, ranges, m)
+            at_m = with_blocking(tiles, ranges, m)
             ours = bench(lambda: batch_invariant_linear(x[:m], w, at_m)) * 1e3
             vendor = bench(lambda: F.linear(x[:m], w)) * 1e3
             flops, nbytes = 2 * m * n * k, 2 * (n * k + m * k + m * n)
@@ -206,8 +235,8 @@ def main() -> None:
         write_result(args.out, result)  # after every shape, so a cut-short run keeps its rows
     if args.tune:
         print_tuned(tuned)
-    if args.tune_rows:
-        print_row_tuned(row_tuned)
+    if args.tune_blocking:
+        print_blocking_by_m(result)
 
 
 def print_tuned(tuned: dict) -> None:
@@ -220,17 +249,15 @@ def print_tuned(tuned: dict) -> None:
 
 
 
-def ranges_line(ranges: tuple[tuple[int, RowTiles], ...]) -> str:
-    return "(" + " ".join(f"({bound}, RowTiles({', '.join(map(str, rows))}))," for bound, rows in ranges) + ")"
+def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
+    return "(" + " ".join(f"({bound}, Blocking({', '.join(map(str, b))}))," for bound, b in ranges) + ")"
 
 
-def print_row_tuned(row_tuned: dict) -> None:
-    """ROW_TUNED as it reads with this run's picks (shapes this run did not tune keep their lines)."""
-    picks = {**ROW_TUNED, **{tuple(map(int, shape.split("x"))): tuple((r["up_to_m"], RowTiles(**r["rows"]))
-                                                                      for r in pick["ranges"])
-                             for shape, pick in row_tuned.items()}}
+def print_blocking_by_m(result: dict) -> None:
+    """BLOCKING_BY_M as it reads with this run's picks (shapes this run did not tune keep their lines)."""
+    picks = {**BLOCKING_BY_M, **blocking_picks(result)}
     names = {(n, k): name for name, n, k in SHAPES}
-    print("triton_kernels/batch_invariant_matmul.py ROW_TUNED, from this run:")
+    print("triton_kernels/batch_invariant_matmul.py BLOCKING_BY_M, from this run:")
     for shape, ranges in picks.items():
         print(f"    {shape}: {ranges_line(ranges)},  # {names[shape]}")
 

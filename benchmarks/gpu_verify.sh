@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# The first GPU call of a session after CPU-only kernel work: the CUDA tests of the kernels on a
-# token's path, then the runs that measure the batch-invariant GEMM (each result under OUT, a file
-# per run; join them back into benchmarks/results/). Written to fit one device call (10 minutes):
-# each step has its own time limit, and a step that runs out leaves the others running.
+# The batch-invariant GEMM's next GPU session, one device call per part (10 minutes each; every step
+# has its own time limit, and a step that runs out leaves the others running). Results go under OUT,
+# a file per run; join them back into benchmarks/results/.
 #
-#   bash benchmarks/gpu_verify.sh OUT
+#   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
+#   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)
+#   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the other five
+#   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
 #
-# `--tune-rows` prints the ROW_TUNED lines to paste into triton_kernels/batch_invariant_matmul.py
-# (a test requires them to equal the committed run's picks); `--tune` (about 6.5 min, its own call)
-# re-picks the (N, K) side first. Last run: 2026-12-01 (README "Batch-invariant numerics").
+# Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py;
+# commit their files as benchmarks/results/batch_invariant_matmul_blocking_tuning_{2,3}.json (a test
+# requires BLOCKING_BY_M to equal the picks of those files, later over earlier; paste part 2's lines
+# before part 3, which prints them merged). Last run (BLOCK_M, warps and stages only): 2026-12-01,
+# README "Batch-invariant numerics".
 set -uo pipefail
-out=${1:?OUT}
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_fused_moe.py \
-  tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py > "$out/gpu_tests.txt" 2>&1
-tail -3 "$out/gpu_tests.txt"
-# The row side per M with the table (about 4 min), whether rows keep their bits across row tiles
-# (1-2 min), and the end-to-end cost on the graphed engine (about 1 min).
-timeout 270 python3 benchmarks/batch_invariant_matmul.py --tune-rows --out "$out/batch_invariant_matmul_row_tuning.json" \
-  > "$out/batch_invariant_matmul_rows.log" 2>&1
-tail -14 "$out/batch_invariant_matmul_rows.log"
-timeout 100 python3 benchmarks/block_m_invariance.py --out "$out/block_m_invariance.json" > "$out/block_m.log" 2>&1
-tail -1 "$out/block_m.log"
-timeout 70 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 5 \
-  --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1
-tail -2 "$out/batch_invariant_ab.log"
+out=${1:?OUT} part=${2:?PART (1-4)}
+tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py"
+first="q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj"
+second="dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head"
+case $part in
+  1) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+     tail -3 "$out/gpu_tests.txt"
+     timeout 420 python3 benchmarks/tile_invariance.py --out "$out/tile_invariance.json" > "$out/tile_invariance.log" 2>&1
+     tail -1 "$out/tile_invariance.log" ;;
+  2|3) shapes=$([ "$part" = 2 ] && echo "$first" || echo "$second")
+     timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "$shapes" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_$part.json" > "$out/blocking_$part.log" 2>&1
+     tail -20 "$out/blocking_$part.log" ;;
+  4) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+     tail -3 "$out/gpu_tests.txt"
+     timeout 90 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 5 \
+       --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1
+     tail -2 "$out/batch_invariant_ab.log" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1, 2, 3 or 4, not $part" >&2; exit 2 ;;
+esac
 ls -la "$out"

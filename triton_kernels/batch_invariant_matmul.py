@@ -3,17 +3,18 @@
 cuBLAS picks its kernel (tile shape, split-K) from the row count M, so a token's product inside a
 verify block of bs * (1 + budget) rows differs in the last bits from the same token's product in an
 autoregressive step of bs rows, and greedy DDTree stops equalling AR (issue 29's probe at K2 shapes
-in bf16: 0 of 16 root rows bit-identical). Here the tile shape, the warp count and the K loop are
-chosen from (N, K) and the dtype alone: every output element is the same sequence of fp32 MMA steps
-whatever M is, and a row's place inside its tile does not change them. A batch axis (one matrix per
-head: MLA's absorbed projections) rides on the grid's third axis.
+in bf16: 0 of 16 root rows bit-identical). Here the K loop (BLOCK_K, split-K) is chosen from (N, K)
+and the dtype alone: every output element is the same sequence of fp32 MMA steps whatever M is,
+and a row's place inside its tile does not change them. A batch axis (one matrix per head: MLA's
+absorbed projections) rides on the grid's third axis.
 
-What may follow M is the row side of the tiling (`RowTiles`: BLOCK_M, warps, pipeline stages): it
-changes which rows share a program, not an element's K loop. On the H200 every row kept its fp32
-accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2 shapes
-(benchmarks/results/block_m_invariance.json), and `--tune` keeps a row tiling only if its output is
-bit-identical to the base tiling's on the same rows. So one tiling no longer has to serve M = 1
-(memory-bound) and M = 1,088 (compute-bound) at once: ROW_TUNED picks the row side per M range.
+What may follow M is the blocking (`Blocking`: BLOCK_M, BLOCK_N, warps, pipeline stages): it changes
+which outputs share a program, not an element's K loop (BLOCK_K steps, split-K chunks). On the H200
+every row kept its fp32 accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2
+shapes (benchmarks/results/block_m_invariance.json; benchmarks/tile_invariance.py also varies
+BLOCK_N and the stages), and `--tune-blocking` keeps a blocking only if its output is bit-identical
+to the base tiling's on the same rows. So one tiling no longer has to serve M = 1 (memory-bound)
+and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the blocking per M range.
 
 Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 24 programs
 for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
@@ -44,9 +45,11 @@ class Tiles(NamedTuple):
     split_k: int = 1  # K cut into this many chunks (see the docstring); 1: one K loop, no workspace
 
 
-class RowTiles(NamedTuple):
-    """The side of a tiling that may follow M (see the docstring): it never changes an element's K loop."""
+class Blocking(NamedTuple):
+    """How a tiling cuts the output into programs and runs each: never an element's K loop (BLOCK_K,
+    split_k), so M may choose it (see the docstring)."""
     block_m: int
+    block_n: int
     num_warps: int
     num_stages: int
 
@@ -68,27 +71,27 @@ TUNED: dict[tuple[int, int], Tiles] = {
 }
 
 
-# bf16, (N, K) -> ((largest M, RowTiles), ...) by ascending M: the row side of TUNED[N, K] per M range
-# (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
-# --tune` (its "rows" per shape in the tuning file; a test checks that they agree). Shapes missing
-# here keep TUNED's row side at every M.
-ROW_TUNED: dict[tuple[int, int], tuple[tuple[int, RowTiles], ...]] = {
-    (1536, 7168): ((544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # q_a_proj
-    (12288, 1536): ((17, RowTiles(16, 4, 4)), (64, RowTiles(64, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # q_b_proj
-    (576, 7168): ((544, RowTiles(64, 4, 4)), (1088, RowTiles(64, 8, 3)),),  # kv_a_proj
-    (16384, 512): ((17, RowTiles(16, 4, 4)), (64, RowTiles(64, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # kv_b_proj
-    (7168, 8192): ((64, RowTiles(64, 4, 4)), (136, RowTiles(128, 4, 4)), (544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # o_proj
-    (18432, 7168): ((8, RowTiles(16, 4, 4)), (136, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # dense gate/up
-    (7168, 18432): ((1, RowTiles(16, 4, 4)), (136, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # dense down
-    (2048, 7168): ((136, RowTiles(64, 4, 4)), (544, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)),),  # shared expert gate/up
-    (7168, 2048): ((17, RowTiles(16, 4, 4)), (544, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # shared expert down
-    (163840, 7168): ((8, RowTiles(16, 8, 3)), (17, RowTiles(128, 8, 3)), (64, RowTiles(64, 4, 4)), (1088, RowTiles(128, 8, 3)),),  # lm_head
+# bf16, (N, K) -> ((largest M, Blocking), ...) by ascending M: the blocking of TUNED[N, K] per M
+# range (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
+# --tune-blocking` (its "blocking_tuned" block; a test checks that they agree). Shapes missing here
+# keep TUNED's blocking at every M.
+BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
+    (1536, 7168): ((544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # q_a_proj
+    (12288, 1536): ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # q_b_proj
+    (576, 7168): ((544, Blocking(64, 128, 4, 4)), (1088, Blocking(64, 128, 8, 3)),),  # kv_a_proj
+    (16384, 512): ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # kv_b_proj
+    (7168, 8192): ((64, Blocking(64, 128, 4, 4)), (136, Blocking(128, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # o_proj
+    (18432, 7168): ((8, Blocking(16, 128, 4, 4)), (136, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # dense gate/up
+    (7168, 18432): ((1, Blocking(16, 128, 4, 4)), (136, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # dense down
+    (2048, 7168): ((136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # shared expert gate/up
+    (7168, 2048): ((17, Blocking(16, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # shared expert down
+    (163840, 7168): ((8, Blocking(16, 128, 8, 3)), (17, Blocking(128, 128, 8, 3)), (64, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # lm_head
 }
 
 
 def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
     """The tiling of an [M, k] x [k, n] product from (n, k) and the dtype alone: what fixes each
-    element's K loop (BLOCK_N, BLOCK_K, split_k), with the row side tuned to serve every M.
+    element's K loop (BLOCK_K, split_k), with a blocking tuned to serve every M.
     float32 (the router, the CPU tests) runs IEEE products."""
     if dtype == torch.float32:
         return Tiles(32, 32, 32, 4, 2)
@@ -98,18 +101,22 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
     return Tiles(128, 128, 64, 8, 3) if n >= 7168 else Tiles(64, 64, 128, 4, 3)
 
 
-def with_rows(tiles: Tiles, ranges: tuple[tuple[int, RowTiles], ...], m: int) -> Tiles:
-    """tiles with the row side that `ranges` (a ROW_TUNED entry) gives M rows."""
-    for bound, rows in ranges:
-        tiles = tiles._replace(**rows._asdict())
+def blocking_of(tiles: Tiles) -> Blocking:
+    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages)
+
+
+def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
+    """tiles with the blocking that `ranges` (a BLOCKING_BY_M entry) gives M rows."""
+    for bound, blocking in ranges:
+        tiles = tiles._replace(**blocking._asdict())
         if m <= bound:
             break
     return tiles
 
 
 def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
-    """base_tiles with its row side for M rows (ROW_TUNED): M picks BLOCK_M, warps and stages only."""
-    return with_rows(base_tiles(n, k, dtype), ROW_TUNED.get((n, k), ()) if dtype == torch.bfloat16 else (), m)
+    """base_tiles with its blocking for M rows (BLOCKING_BY_M): M never picks BLOCK_K or split_k."""
+    return with_blocking(base_tiles(n, k, dtype), BLOCKING_BY_M.get((n, k), ()) if dtype == torch.bfloat16 else (), m)
 
 
 @triton.jit(do_not_specialize=["M"])

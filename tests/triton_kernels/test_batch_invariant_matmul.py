@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from triton_kernels.batch_invariant_matmul import (ROW_TUNED, TUNED, RowTiles, Tiles, base_tiles, batch_invariant_linear,
-                                                   batch_invariant_per_head, k_chunks, tiles_for, with_rows)
+from benchmarks.batch_invariant_matmul import blocking_picks
+from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, Blocking, Tiles, base_tiles, batch_invariant_linear,
+                                                   batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
+                                                   with_blocking)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collection (the id replays it)
 TUNING = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_invariant_matmul_tuning.json"
-ROW_TUNING = TUNING.with_name("batch_invariant_matmul_row_tuning.json")
+# The committed --tune-blocking runs, later names over earlier ones (a run may tune some shapes only).
+BLOCKING_TUNINGS = sorted(TUNING.parent.glob("batch_invariant_matmul_blocking_tuning*.json"))
 
 
 def split_tiles(split_k: int) -> Tiles:
@@ -80,26 +83,27 @@ def test_empty_and_mismatched_inputs():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_row_count_moves_only_the_row_side_of_the_tiling(dtype):
-    """What fixes an element's K loop (BLOCK_N, BLOCK_K, split_k) is base_tiles' at every M; M picks
-    only RowTiles' fields, from ROW_TUNED's ranges (the last range's past its bound)."""
+def test_the_row_count_moves_only_the_blocking(dtype):
+    """What fixes an element's K loop (BLOCK_K, split_k) is base_tiles' at every M; M picks only
+    Blocking's fields, from BLOCKING_BY_M's ranges (the last range's past its bound)."""
     for n, k in [*TUNED, (4096, 4096)]:
         base = base_tiles(n, k, dtype)
         seen = set()
         for m in range(1, 2200, 7):
             tiles = tiles_for(n, k, dtype, m)
-            assert (tiles.block_n, tiles.block_k, tiles.split_k) == (base.block_n, base.block_k, base.split_k)
-            seen.add(RowTiles(tiles.block_m, tiles.num_warps, tiles.num_stages))
-        ranges = ROW_TUNED.get((n, k), ()) if dtype == torch.bfloat16 else ()
-        assert seen == ({rows for _, rows in ranges} or {RowTiles(base.block_m, base.num_warps, base.num_stages)})
+            assert (tiles.block_k, tiles.split_k) == (base.block_k, base.split_k)
+            seen.add(blocking_of(tiles))
+        ranges = BLOCKING_BY_M.get((n, k), ()) if dtype == torch.bfloat16 else ()
+        assert seen == ({blocking for _, blocking in ranges} or {blocking_of(base)})
 
 
-def test_row_ranges_pick_by_their_bounds():
+def test_blocking_ranges_pick_by_their_bounds():
     base = Tiles(64, 128, 64, 4, 4)
-    ranges = ((8, RowTiles(16, 4, 4)), (136, RowTiles(64, 8, 3)), (1088, RowTiles(128, 8, 3)))
-    picks = {m: with_rows(base, ranges, m).block_m for m in (1, 8, 9, 136, 137, 1088, 5000)}
-    assert picks == {1: 16, 8: 16, 9: 64, 136: 64, 137: 128, 1088: 128, 5000: 128}
-    assert with_rows(base, (), 17) == base
+    ranges = ((8, Blocking(16, 64, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 256, 8, 3)))
+    picks = {m: with_blocking(base, ranges, m)[:2] for m in (1, 8, 9, 136, 137, 1088, 5000)}
+    assert picks == {1: (16, 64), 8: (16, 64), 9: (64, 128), 136: (64, 128), 137: (128, 256), 1088: (128, 256),
+                     5000: (128, 256)}
+    assert with_blocking(base, (), 17) == base
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -165,18 +169,21 @@ def test_tuned_tilings_are_the_committed_tuning_runs_picks():
         assert TUNED.get((n, k)) == Tiles(**pick["tiles"]), pick["name"]
 
 
-def test_row_tuned_ranges_are_the_committed_row_tuning_runs_picks():
-    """ROW_TUNED holds the picks of `--tune-rows` (the lines it prints), each tuned on TUNED's tiling,
-    and the run kept no row side whose output differed from the base tiling's."""
-    row_tuned = json.loads(ROW_TUNING.read_text())["row_tuned"]
-    assert row_tuned.keys() == {f"{n}x{k}" for n, k in ROW_TUNED}
-    for shape, pick in row_tuned.items():
+def test_blocking_by_m_is_the_committed_blocking_tuning_runs_picks():
+    """BLOCKING_BY_M holds the picks of `--tune-blocking` (the lines it prints), each tuned on TUNED's
+    tiling, and the run picked no blocking whose output differed from the base tiling's."""
+    results = [json.loads(path.read_text()) for path in BLOCKING_TUNINGS]
+    assert {shape: ranges for result in results for shape, ranges in blocking_picks(result).items()} == BLOCKING_BY_M
+    shapes = {shape: pick for result in results
+              for shape, pick in {**result.get("row_tuned", {}), **result.get("blocking_tuned", {})}.items()}
+    for shape, pick in shapes.items():
         n, k = map(int, shape.split("x"))
         assert Tiles(**pick["tiles"]) == TUNED[n, k], pick["name"]
-        assert ROW_TUNED[n, k] == tuple((r["up_to_m"], RowTiles(**r["rows"])) for r in pick["ranges"]), pick["name"]
         for tried in (t for t in pick["tried"] if t.get("not_invariant")):
-            chosen = with_rows(TUNED[n, k], ROW_TUNED[n, k], tried["m"])
-            assert RowTiles(chosen.block_m, chosen.num_warps, chosen.num_stages) != RowTiles(**tried["rows"]), tried
+            fields = tried.get("blocking") or {"block_n": pick["tiles"]["block_n"], **tried["rows"]}
+            chosen = with_blocking(TUNED[n, k], BLOCKING_BY_M[n, k], tried["m"])
+            assert blocking_of(chosen) != Blocking(**fields), tried
+
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's

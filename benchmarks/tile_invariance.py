@@ -1,0 +1,118 @@
+"""Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
+their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages), at Kimi K2's projection
+shapes in bf16.
+
+An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
+blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
+256-column tile, 4 or 8 warps and 3 or 4 pipeline stages round that sequence alike is a property of
+the hardware and Triton's lowering, not of the algorithm. Where every row is bit-identical across
+blockings, the GEMM may pick them by M (triton_kernels/batch_invariant_matmul.py BLOCKING_BY_M) and
+stay batch-invariant; where not, that part must stay fixed by (N, K) (issue 29). Its first version
+(benchmarks/block_m_invariance.py, to commit 424f9b2) varied BLOCK_M and the warps only: identical
+at all ten shapes (benchmarks/results/block_m_invariance.json).
+
+For each shape: the shape's tiling (`base_tiles`) on 1,088 random rows is the reference; the
+tiling itself (the control: any difference there is M-dependence, a bug) and each variant (one
+field changed at a time: BLOCK_M in 16, 32, 64, 128 and BLOCK_N in 32, 64, 128, 256, each with 4 and
+8 warps; the other stage count) compute every M of the decode range, and the table counts their
+rows bit-identical to the reference's and the largest difference. Rows are compared as the fp32
+accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
+flip a bf16 output only rarely. The verdict is "identical", "differs" or "incomplete" (a variant
+that could not run), overall and per field varied. No timings; about 2-3 minutes on the H200.
+
+    python3 benchmarks/tile_invariance.py [--out benchmarks/results/tile_invariance.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.batch_invariant_matmul import ROWS, SHAPES, inputs  # noqa: E402
+from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
+from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
+
+ROW_TILES = (16, 32, 64, 128)
+COLUMN_TILES = (32, 64, 128, 256)
+WARPS = (4, 8)
+
+
+def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
+    """(what changed, tiling): the shape's tiling itself first (the control), then one field of its
+    blocking changed at a time (the warps with each row or column tile)."""
+    changed = [("block_m", tiles._replace(block_m=block_m, num_warps=warps)) for block_m in ROW_TILES for warps in WARPS]
+    changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps)) for block_n in COLUMN_TILES for warps in WARPS]
+    changed.append(("num_stages", tiles._replace(num_stages=7 - tiles.num_stages if tiles.num_stages in (3, 4) else 3)))
+    return [("control", tiles)] + [(field, variant) for field, variant in changed if variant != tiles]
+
+
+def accumulators(x: torch.Tensor, w: torch.Tensor, tiles: Tiles) -> torch.Tensor:
+    """x @ w.T as the kernel's fp32 accumulators, uncast (the launcher stores into any output dtype)."""
+    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    _launch(x[None], w[None], out[None], tiles)
+    return out
+
+
+def compare(x: torch.Tensor, w: torch.Tensor, tiles: Tiles, reference: torch.Tensor) -> dict:
+    """Rows of `tiles` at every M against the reference's same rows: how many keep their bits."""
+    identical = total = 0
+    worst = 0.0
+    for m in ROWS:
+        rows = accumulators(x[:m], w, tiles)
+        same = (rows == reference[:m]).all(dim=1)
+        identical, total = identical + int(same.sum()), total + m
+        worst = max(worst, float((rows - reference[:m]).abs().max()))
+    return {"tiles": tiles._asdict(), "rows": total, "identical_rows": identical, "max_abs_diff": worst}
+
+
+def verdict(rows: list[dict]) -> str:
+    """"incomplete" if a variant could not run, else "identical" if every row kept its bits, else "differs"."""
+    if any("error" in row for row in rows):
+        return "incomplete"
+    return "identical" if all(row["identical_rows"] == row["rows"] for row in rows) else "differs"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "tile_invariance.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/tile_invariance.py: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        sys.exit(2)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shapes = []
+    print(f"{'shape':>22} {'changed':>10} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
+          f"{'identical rows':>15} {'max |diff|':>10}")
+    for name, n, k in SHAPES:
+        x, w = inputs(n, k, gen)
+        tiles = base_tiles(n, k, torch.bfloat16)
+        reference = accumulators(x, w, tiles)
+        rows = []
+        for field, variant in variants(tiles):
+            described = (f"{name:>22} {field:>10} {variant.block_m:7} {variant.block_n:7} {variant.num_warps:5} "
+                         f"{variant.num_stages:6}")
+            try:
+                row = compare(x, w, variant, reference)
+            except Exception as error:  # e.g. out of shared memory for this tile shape
+                row = {"tiles": variant._asdict(), "error": str(error).splitlines()[0][:200]}
+                print(f"{described} does not run: {row['error']}")
+            else:
+                print(f"{described} {row['identical_rows']:>7} of {row['rows']:<5} {row['max_abs_diff']:10.3g}")
+            rows.append({"changed": field, **row})
+        shapes.append({"shape": name, "n": n, "k": k, "tiles": tiles._asdict(), "variants": rows})
+    every = [row for shape in shapes for row in shape["variants"]]
+    by_field = {field: verdict([row for row in every if row["changed"] == field])
+                for field in dict.fromkeys(row["changed"] for row in every)}
+    outcome = verdict(every)
+    print(f"rows across blockings: {outcome} (" + ", ".join(f"{f}: {v}" for f, v in by_field.items()) + ")")
+    write_result(args.out, {"benchmark": "tile_invariance", "machine": describe(), "rows_m": ROWS,
+                            "verdict": outcome, "verdict_by_field": by_field, "shapes": shapes})
+
+
+if __name__ == "__main__":
+    main()
