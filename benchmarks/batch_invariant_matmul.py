@@ -158,8 +158,11 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[
         rows_pick = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
         time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
         pick = min((b for b, r in best.items() if r is not None), key=best.get, default=None)
-        print(f"  M={m}: {pick} {best[pick]:.2f}x" if pick else f"  M={m}: no invariant blocking", flush=True)
-        picks.append((m, pick or blocking_of(base)))
+        if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
+            raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
+                               "gives the base tiling's bits on the full batch")
+        print(f"  M={m}: {pick} {best[pick]:.2f}x", flush=True)
+        picks.append((m, pick))
     merged = [pick for i, pick in enumerate(picks) if i + 1 == len(picks) or picks[i + 1][1] != pick[1]]
     return tuple(merged), tried
 
@@ -168,11 +171,11 @@ def blocking_picks(result: dict) -> dict[tuple[int, int], tuple[tuple[int, Block
     """A tuning file's BLOCKING_BY_M entries, (N, K) -> ranges. Its first run (block "row_tuned")
     searched BLOCK_M, warps and stages at the base's BLOCK_N, recorded in each shape's "tiles"."""
     picks = {}
-    for shape, pick in result.get("blocking_tuned", {}).items():
-        picks[shape] = tuple((r["up_to_m"], Blocking(**r["blocking"])) for r in pick["ranges"])
     for shape, pick in result.get("row_tuned", {}).items():
         picks[shape] = tuple((r["up_to_m"], Blocking(block_n=pick["tiles"]["block_n"], **r["rows"]))
                              for r in pick["ranges"])
+    for shape, pick in result.get("blocking_tuned", {}).items():
+        picks[shape] = tuple((r["up_to_m"], Blocking(**r["blocking"])) for r in pick["ranges"])
     return {tuple(map(int, shape.split("x"))): ranges for shape, ranges in picks.items()}
 
 

@@ -192,17 +192,18 @@ def switch_ab(benchmark: str, description: str, field: str, variants: tuple[str,
     """The A/B of two settings of one engine, `switch(variant)` turning each on around its runs (the
     main of moe_dispatch_ab.py and batch_invariant_ab.py). `same_numerics`: both variants must
     decode the same tokens; else each its own, the same in every round. `graphs`: both variants can
-    be recorded in CUDA graphs (--cuda-graphs, on by default with CUDA); else both run eagerly."""
+    be recorded in CUDA graphs (--cuda-graphs, on by default with CUDA, and then overlapped as the
+    engine is by default: --overlap); else both run eagerly, in order."""
     # A switch turns model code on and off around runs, and a recorded graph replays the kernels it
     # was recorded with: graphed, each variant has its own engine, recorded inside its switch;
     # eager, one engine serves both.
-    args = checked_arguments(workload_arguments(description, f"{benchmark}.json", graphs=graphs))
+    args = checked_arguments(workload_arguments(description, f"{benchmark}.json", graphs=graphs, overlap=graphs))
     workload = Workload(args)
     graphed = getattr(args, "cuda_graphs", False)
     engines = {}
     for variant in variants if graphed else variants[:1]:
         with switch(variant):
-            engines[variant] = workload.engine(args.builder, cuda_graphs=graphed)
+            engines[variant] = workload.engine(args.builder, cuda_graphs=graphed, overlap=getattr(args, "overlap", False))
 
     def run(variant: str) -> dict:
         with switch(variant):

@@ -12,13 +12,14 @@ stay batch-invariant; where not, that part must stay fixed by (N, K) (issue 29).
 at all ten shapes (benchmarks/results/block_m_invariance.json).
 
 For each shape: the shape's tiling (`base_tiles`) on 1,088 random rows is the reference; the
-tiling itself (the control: any difference there is M-dependence, a bug) and each variant (one
-field changed at a time: BLOCK_M in 16, 32, 64, 128 and BLOCK_N in 32, 64, 128, 256, each with 4 and
-8 warps; the other stage count) compute every M of the decode range, and the table counts their
+tiling itself (the control: any difference there is M-dependence, a bug) and each variant (every
+blocking the tuner can pick: the warps, the stages, the launch pairs it tries, and BLOCK_M in 16,
+32, 64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair) compute every M of the decode
+range, and the table counts their
 rows bit-identical to the reference's and the largest difference. Rows are compared as the fp32
 accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
 flip a bf16 output only rarely. The verdict is "identical", "differs" or "incomplete" (a variant
-that could not run), overall and per field varied. No timings; about 2-3 minutes on the H200.
+that could not run), overall and per field varied. No timings; about 3-5 minutes on the H200.
 
     python3 benchmarks/tile_invariance.py [--out benchmarks/results/tile_invariance.json]
 """
@@ -33,22 +34,29 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_invariant_matmul import ROWS, SHAPES, inputs  # noqa: E402
+from benchmarks.batch_invariant_matmul import COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, inputs  # noqa: E402
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
-ROW_TILES = (16, 32, 64, 128)
-COLUMN_TILES = (32, 64, 128, 256)
-WARPS = (4, 8)
+WARPS, STAGES = (4, 8), (3, 4)
 
 
 def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
-    """(what changed, tiling): the shape's tiling itself first (the control), then one field of its
-    blocking changed at a time (the warps with each row or column tile)."""
-    changed = [("block_m", tiles._replace(block_m=block_m, num_warps=warps)) for block_m in ROW_TILES for warps in WARPS]
-    changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps)) for block_n in COLUMN_TILES for warps in WARPS]
-    changed.append(("num_stages", tiles._replace(num_stages=7 - tiles.num_stages if tiles.num_stages in (3, 4) else 3)))
-    return [("control", tiles)] + [(field, variant) for field, variant in changed if variant != tiles]
+    """(what changed, tiling): the shape's tiling itself first (the control), then every blocking
+    `--tune-blocking` can pick from it: the warps alone, the stages alone, each launch pair
+    (warps, stages) alone, and each other BLOCK_M or BLOCK_N with each launch pair; each tiling once,
+    labelled by the first field in that order that it changes."""
+    changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
+    changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
+    changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]
+    changed += [("block_m", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages))
+                for block_m, warps, stages in ROW_BLOCKINGS]
+    changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps, num_stages=stages))
+                for block_n, warps, stages in COLUMN_BLOCKINGS]
+    unique = {tiles: "control"}
+    for field, variant in changed:
+        unique.setdefault(variant, field)
+    return [(field, variant) for variant, field in unique.items()]
 
 
 def accumulators(x: torch.Tensor, w: torch.Tensor, tiles: Tiles) -> torch.Tensor:

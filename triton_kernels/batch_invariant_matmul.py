@@ -11,13 +11,13 @@ absorbed projections) rides on the grid's third axis.
 What may follow M is the blocking (`Blocking`: BLOCK_M, BLOCK_N, warps, pipeline stages): it changes
 which outputs share a program, not an element's K loop (BLOCK_K steps, split-K chunks). On the H200
 every row kept its fp32 accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2
-shapes (benchmarks/results/block_m_invariance.json; benchmarks/tile_invariance.py also varies
-BLOCK_N and the stages), and `--tune-blocking` keeps a blocking only if its output is bit-identical
-to the base tiling's on the same rows. So one tiling no longer has to serve M = 1 (memory-bound)
+shapes (benchmarks/results/block_m_invariance.json; the stage count and BLOCK_N are for
+benchmarks/tile_invariance.py, not run yet), and the tuner keeps a blocking only if its bf16
+output is bit-identical to the base tiling's on the same rows. So one tiling no longer has to serve M = 1 (memory-bound)
 and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the blocking per M range.
 
-Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 24 programs
-for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
+Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 12 programs
+of 128 columns for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
 of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and S alone. Each
 chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the order s = 0,
 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per element, whatever
@@ -73,8 +73,9 @@ TUNED: dict[tuple[int, int], Tiles] = {
 
 # bf16, (N, K) -> ((largest M, Blocking), ...) by ascending M: the blocking of TUNED[N, K] per M
 # range (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
-# --tune-blocking` (its "blocking_tuned" block; a test checks that they agree). Shapes missing here
-# keep TUNED's blocking at every M.
+# --tune-blocking` (today: its first run, which searched BLOCK_M, warps and stages at TUNED's
+# BLOCK_N: the "row_tuned" block of benchmarks/results/batch_invariant_matmul_blocking_tuning.json;
+# a test checks that they agree). Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (1536, 7168): ((544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # q_a_proj
     (12288, 1536): ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # q_b_proj

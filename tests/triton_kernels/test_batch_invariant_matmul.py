@@ -21,8 +21,10 @@ from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, Blockin
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collection (the id replays it)
 TUNING = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_invariant_matmul_tuning.json"
-# The committed --tune-blocking runs, later names over earlier ones (a run may tune some shapes only).
-BLOCKING_TUNINGS = sorted(TUNING.parent.glob("batch_invariant_matmul_blocking_tuning*.json"))
+# The committed --tune-blocking runs, later over earlier (a run may tune some shapes only): the
+# unnumbered file first, then _2, _3, ... by number.
+BLOCKING_TUNINGS = sorted(TUNING.parent.glob("batch_invariant_matmul_blocking_tuning*.json"),
+                          key=lambda path: (len(path.name), path.name))
 
 
 def split_tiles(split_k: int) -> Tiles:
@@ -187,9 +189,10 @@ def test_blocking_by_m_is_the_committed_blocking_tuning_runs_picks():
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
-# gate/up and down (shared expert), a slice of lm_head's vocabulary, the router (float32).
+# gate/up and down (shared expert), lm_head over a 32,768-token slice (an untuned shape) and over
+# K2's whole vocabulary (tuned, with its own blocking per M), the router (float32).
 K2_SHAPES = [(1536, 7168), (64 * 192, 1536), (576, 7168), (64 * 256, 512), (7168, 64 * 128), (18432, 7168),
-             (7168, 18432), (2048, 7168), (7168, 2048), (32768, 7168)]
+             (7168, 18432), (2048, 7168), (7168, 2048), (32768, 7168), (163840, 7168)]
 DECODE_ROWS = [1, 8, 17, 64, 136, 544, 1088]
 
 

@@ -1,0 +1,68 @@
+"""`benchmarks/batch_invariant_matmul.py --tune-blocking`'s search, with the GEMM and the clock
+replaced (the real ones need the H200): a blocking whose output differs from the base tiling's is
+never picked however fast, the fastest invariant one is, equal picks at consecutive M merge into
+one range, and a base tiling that differs from itself across M stops the run."""
+
+import pytest
+import torch
+
+import benchmarks.batch_invariant_matmul as tuner
+from triton_kernels.batch_invariant_matmul import Blocking, Tiles, blocking_of
+
+BASE = Tiles(64, 128, 64, 4, 4)
+
+
+class FakeGemm:
+    """x @ w.T, off by a little for the `poisoned` tilings (at the call's M); `cost` gives each
+    blocking's time at the call's M, cuBLAS's 1.0."""
+
+    def __init__(self, poisoned, cost):
+        self.poisoned, self.cost, self.last = poisoned, cost, None
+
+    def linear(self, x, w, tiles):
+        self.last = (tiles, x.shape[0])
+        out = x @ w.T
+        return out + 1e-3 if self.poisoned(tiles, x.shape[0]) else out
+
+    def bench(self, call, rep_ms=None):
+        self.last = None
+        call()
+        return 1.0 if self.last is None else self.cost(blocking_of(self.last[0]), self.last[1])
+
+
+@pytest.fixture
+def inputs():
+    """Small integers: their products are exact, so the fake GEMM's rows never depend on M itself."""
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randint(-4, 5, (max(tuner.ROWS), 16), generator=gen).double(),
+            torch.randint(-4, 5, (24, 16), generator=gen).double())
+
+
+def tune(monkeypatch, inputs, poisoned, cost):
+    gemm = FakeGemm(poisoned, cost)
+    monkeypatch.setattr(tuner, "batch_invariant_linear", gemm.linear)
+    monkeypatch.setattr(tuner, "bench", gemm.bench)
+    return tuner.tune_blocking(*inputs, BASE)
+
+
+def test_the_fastest_invariant_blocking_wins_and_a_faster_variant_one_never_does(monkeypatch, inputs):
+    # BLOCK_N 256 is fastest but not invariant; among the rest, 16-row tiles with 8 warps.
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: tiles.block_n == 256,
+                         cost=lambda b, m: 0.1 if b.block_n == 256 else 0.5 if (b.block_m, b.num_warps) == (16, 8) else 1.0)
+    assert ranges == ((max(tuner.ROWS), Blocking(16, 128, 8, 3)),)  # every M picked the same: one range
+    assert any(e["blocking"]["block_n"] == 256 for e in tried)
+    assert all(e["not_invariant"] == (e["blocking"]["block_n"] == 256) for e in tried)
+    for m in tuner.ROWS:  # the base's own blocking is timed at every M, first
+        assert [e["blocking"] for e in tried if e["m"] == m][0] == blocking_of(BASE)._asdict()
+
+
+def test_picks_that_change_with_m_make_one_range_each(monkeypatch, inputs):
+    """The row tile nearest M is fastest (ties: the first tried, 4 warps and 4 stages)."""
+    ranges, _ = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: abs(b.block_m - m))
+    assert ranges == ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)),
+                      (max(tuner.ROWS), Blocking(128, 128, 4, 4)))
+
+
+def test_a_base_tiling_that_depends_on_m_stops_the_run(monkeypatch, inputs):
+    with pytest.raises(RuntimeError, match="not even the base tiling"):
+        tune(monkeypatch, inputs, poisoned=lambda tiles, m: m == 17, cost=lambda b, m: 1.0)
