@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The batch-invariant GEMM's next GPU session, one device call per part (10 minutes each; every step
 # has its own time limit, and a step that runs out leaves the others running). Results go under OUT,
-# a file per run; join them back into benchmarks/results/.
+# a file per run; join them back into benchmarks/results/. The device's copy of the tree has no git
+# directory: prefix DDPROF_COMMIT=$(git rev-parse HEAD) (put in the command here) so that each
+# result file's machine block names the commit it ran.
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
@@ -24,9 +26,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def source_commit() -> str | None:
+    """The commit the benchmark's code is: DDPROF_COMMIT where the tree was copied without its git
+    directory (the GPU machine's copy: benchmarks/gpu_verify.sh sets it), else git's HEAD, with
+    "+changes" where tracked files differ from it; None where neither says."""
+    if os.environ.get("DDPROF_COMMIT"):
+        return os.environ["DDPROF_COMMIT"]
+    root = RESULTS.parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                 capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
+
+
 def describe() -> dict:
     gpu = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {
+        "commit": source_commit(),
         "gpu": gpu.name if gpu else None,
         "gpu_sms": gpu.multi_processor_count if gpu else None,
         "cpu": cpu_model(),
