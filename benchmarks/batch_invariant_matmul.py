@@ -19,10 +19,11 @@ into the result file's "tuned" block, and the run prints the TUNED lines to past
 `--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages) of each
 shape's tiling per M: at each M of the table, the fastest blocking whose output is bit-identical
 to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never
-picked), searched in two passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
-then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS). Picks at consecutive
+picked), searched in three passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
+then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS), then the best so far
+with its tiles loaded by the TMA (`tma`), with each launch pair. Picks at consecutive
 M that agree merge into one range; the run prints the BLOCKING_BY_M lines to paste. It times
-7 x (cuBLAS + at most 16 candidates) per shape, about 40 s with the compiles, so all ten shapes
+7 x (cuBLAS + at most 18 candidates) per shape, about 45 s with the compiles, so all ten shapes
 with their table take two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
 committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.json, a later name's
 picks over an earlier's (the first, 2026-12-01, searched BLOCK_M, warps and stages only: its
@@ -157,6 +158,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[
                                          for block_m, warps, stages in ROW_BLOCKINGS if block_m <= widest])
         rows_pick = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
         time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
+        so_far = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
+        time_each([so_far._replace(num_warps=warps, num_stages=stages, tma=True) for warps, stages in LAUNCHES])
         pick = min((b for b, r in best.items() if r is not None), key=best.get, default=None)
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
@@ -253,7 +256,10 @@ def print_tuned(tuned: dict) -> None:
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
-    return "(" + " ".join(f"({bound}, Blocking({', '.join(map(str, b))}))," for bound, b in ranges) + ")"
+    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma named where set."""
+    def blocking(b: Blocking) -> str:
+        return f"Blocking({', '.join(map(str, b[:4]))}{', tma=True' if b.tma else ''})"
+    return "(" + " ".join(f"({bound}, {blocking(b)})," for bound, b in ranges) + ")"
 
 
 def print_blocking_by_m(result: dict) -> None:

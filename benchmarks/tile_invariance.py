@@ -1,6 +1,6 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
-their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages), at Kimi K2's projection
-shapes in bf16.
+their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads), at Kimi
+K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -15,7 +15,7 @@ For each shape: the shape's tiling (`base_tiles`) on 1,088 random rows is the re
 tiling itself (the control: any difference there is M-dependence, a bug) and each variant (every
 blocking the tuner can pick: the warps, the stages, the launch pairs it tries, and BLOCK_M in 16,
 32, 64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair) compute every M of the decode
-range, and the table counts their
+range, as do TMA loads (`Tiles.tma`) with each launch pair, and the table counts their
 rows bit-identical to the reference's and the largest difference. Rows are compared as the fp32
 accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
 flip a bf16 output only rarely. The verdict is "identical", "differs" or "incomplete" (a variant
@@ -44,8 +44,8 @@ WARPS, STAGES = (4, 8), (3, 4)
 def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     """(what changed, tiling): the shape's tiling itself first (the control), then every blocking
     `--tune-blocking` can pick from it: the warps alone, the stages alone, each launch pair
-    (warps, stages) alone, and each other BLOCK_M or BLOCK_N with each launch pair; each tiling once,
-    labelled by the first field in that order that it changes."""
+    (warps, stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, and TMA loads with
+    each launch pair; each tiling once, labelled by the first field in that order that it changes."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
     changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]
@@ -53,6 +53,7 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps, num_stages=stages))
                 for block_n, warps, stages in COLUMN_BLOCKINGS]
+    changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

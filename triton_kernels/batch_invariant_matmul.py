@@ -23,6 +23,12 @@ chunk's fp32 partial goes to a workspace and a second kernel adds the partials i
 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per element, whatever
 M is. No atomics (their order would vary from run to run).
 
+A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
+tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
+the same dots, so the same bits by construction of the algorithm; whether the hardware agrees is
+benchmarks/tile_invariance.py's question (not run yet), and `--tune-blocking` tries it under the
+same bit-for-bit check. No tuned shape uses it yet.
+
 Reference: a float64 product (tests/triton_kernels/test_batch_invariant_matmul.py). The engine's
 CPU path keeps its row-by-row products (engine.model.linear).
 """
@@ -34,6 +40,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 class Tiles(NamedTuple):
@@ -43,6 +50,7 @@ class Tiles(NamedTuple):
     num_warps: int
     num_stages: int
     split_k: int = 1  # K cut into this many chunks (see the docstring); 1: one K loop, no workspace
+    tma: bool = False  # tiles loaded by the Hopper tensor-memory accelerator (see the docstring)
 
 
 class Blocking(NamedTuple):
@@ -52,6 +60,7 @@ class Blocking(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -103,7 +112,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 
 def blocking_of(tiles: Tiles) -> Blocking:
-    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages)
+    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -124,8 +133,11 @@ def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
 def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                    stride_os, stride_ob, stride_om, stride_on,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    """out[s, b] = x[b] @ w[b]^T over K chunk s, [s * k_chunk, (s + 1) * k_chunk) (axis 2: s * batches + b)."""
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+                   TMA: tl.constexpr):
+    """out[s, b] = x[b] @ w[b]^T over K chunk s, [s * k_chunk, (s + 1) * k_chunk) (axis 2: s * batches + b).
+    TMA: x_ptr and w_ptr are tensor descriptors of [B, M, K] and [B, N, K], whose loads fill what lies
+    past M, N or K with zeros, as the masked loads do: the same operands for the same dots."""
     # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
     pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     split, batch = axis2 // batches, (axis2 % batches).to(tl.int64)
@@ -135,20 +147,25 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
-    w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
+    if not TMA:
+        x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
+        w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # Every chunk runs the same steps; past K (the last chunk's tail) they load zeros and add 0.
     for k in range(0, k_chunk, BLOCK_K):
-        k_in = (k + ks) < k_left
-        a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
-        b = tl.load(w, mask=(cols[None, :] < N) & k_in[:, None], other=0.0)
+        if TMA:
+            a = x_ptr.load([axis2 % batches, pid_m * BLOCK_M, k_start + k]).reshape(BLOCK_M, BLOCK_K)
+            b = w_ptr.load([axis2 % batches, pid_n * BLOCK_N, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
+        else:
+            k_in = (k + ks) < k_left
+            a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
+            b = tl.load(w, mask=(cols[None, :] < N) & k_in[:, None], other=0.0)
+            x += BLOCK_K * stride_xk
+            w += BLOCK_K * stride_wk
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-        x += BLOCK_K * stride_xk
-        w += BLOCK_K * stride_wk
     out = (out_ptr + split.to(tl.int64) * stride_os + batch * stride_ob + rows[:, None].to(tl.int64) * stride_om
            + cols[None, :] * stride_on)
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
@@ -196,13 +213,25 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     partials = out[None] if splits == 1 else torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), splits * batch)
-    _matmul_kernel[grid](x, w, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
+    x_arg, w_arg = (_descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)) if t.tma else (x, w)
+    _matmul_kernel[grid](x_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
                          BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32,
-                         num_warps=t.num_warps, num_stages=t.num_stages)
+                         TMA=t.tma, num_warps=t.num_warps, num_stages=t.num_stages)
     if splits > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],
                                                                *out.stride(), BLOCK=block)
+
+
+def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A [B, R, K] operand as a tensor descriptor of [1, rows, cols] tiles. The TMA needs the K axis
+    contiguous and 16-byte-aligned rows and base; a tiling that asks for it on other inputs is
+    refused, never silently loaded the other way."""
+    try:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, cols])
+    except AssertionError as problem:
+        raise ValueError(f"batch_invariant_matmul: a TMA tiling cannot load {tuple(t.shape)} with strides "
+                         f"{t.stride()}: {problem}") from None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, where: str) -> None:

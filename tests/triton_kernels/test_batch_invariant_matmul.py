@@ -150,6 +150,27 @@ def test_a_split_row_alone_equals_the_row_among_random_others_cpu(split_k):
         assert torch.equal(batch_invariant_linear(placed, w, tiles)[tiles.block_m], alone), others
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("m, n, k", [(37, 40, 128), (5, 72, 96), (70, 48, 200)])  # 200: a partial last K tile
+def test_tma_loads_give_the_pointer_loads_bits(m, n, k, split_k):
+    """A TMA tiling loads the same operands (zeros past M, N and K) for the same dots."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    tiles = split_tiles(split_k)
+    x, w = random((m, k), torch.float32, gen), random((n, k), torch.float32, gen, k ** -0.5)
+    assert torch.equal(batch_invariant_linear(x, w, tiles._replace(tma=True)), batch_invariant_linear(x, w, tiles))
+    heads = random((m, 3, k), torch.float32, gen), random((3, n, k), torch.float32, gen)
+    assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(tma=True)), batch_invariant_per_head(*heads, tiles))
+
+
+def test_a_tma_tiling_refuses_what_the_tma_cannot_load():
+    tiles = split_tiles(1)._replace(tma=True)
+    with pytest.raises(ValueError, match="TMA tiling cannot load"):  # rows of 130 floats: not 16-byte aligned
+        batch_invariant_linear(torch.ones(3, 130, device=DEVICE), torch.ones(8, 130, device=DEVICE), tiles)
+    w = torch.ones(3, 16, 24, device=DEVICE).transpose(1, 2)  # K is not the contiguous axis
+    with pytest.raises(ValueError, match="TMA tiling cannot load"):
+        batch_invariant_per_head(torch.ones(2, 3, 16, device=DEVICE), w, tiles)
+
+
 @pytest.mark.parametrize("split_k", [2, 4])  # K 100: 4 blocks, in 2 chunks or 4 (the last one partial)
 def test_per_head_split_k_matches_float64_and_is_batch_invariant(split_k):
     gen = torch.Generator().manual_seed(8)
@@ -198,15 +219,21 @@ DECODE_ROWS = [1, 8, 17, 64, 136, 544, 1088]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, k", K2_SHAPES)
-def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k):
+@pytest.mark.parametrize("tma", [False, True])
+def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k, tma):
+    """Each M with its own blocking (BLOCKING_BY_M), loaded through pointers or the TMA."""
     gen = torch.Generator().manual_seed(n + k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
-    full = batch_invariant_linear(x, w)
+
+    def linear(rows):
+        return batch_invariant_linear(rows, w, tiles_for(n, k, torch.bfloat16, rows.shape[0])._replace(tma=tma))
+
+    full = linear(x)
     assert relative_error(full, x.double() @ w.double().T) < 1e-2
     for m in DECODE_ROWS:  # row 0 alone and inside every batch size; the last row of each batch too
-        assert torch.equal(batch_invariant_linear(x[:m], w)[0], full[0]), m
-        assert torch.equal(batch_invariant_linear(x[m - 1:m], w)[0], full[m - 1]), m
+        assert torch.equal(linear(x[:m])[0], full[0]), m
+        assert torch.equal(linear(x[m - 1:m])[0], full[m - 1]), m
 
 
 @pytest.mark.gpu
