@@ -89,9 +89,9 @@ def candidates(n: int, k: int) -> list[Tiles]:
 
 
 def tiles_line(tiles: Tiles) -> str:
-    """A Tiles as TUNED spells it: positional, split_k named where it is not 1."""
-    fields = [str(value) for value in tiles[:-1]] + ([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else [])
-    return f"Tiles({', '.join(fields)})"
+    """A Tiles as TUNED spells it: the five tile sizes positional, split_k and tma named where set."""
+    named = ([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
+    return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
 
 
 def inputs(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +128,7 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
-    tiling's bits (the docstring's two passes), then consecutive M with the same pick merged; with
+    tiling's bits (the docstring's three passes), then consecutive M with the same pick merged; with
     everything tried."""
     reference = batch_invariant_linear(x, w, base)
     tried, picks = [], []

@@ -26,22 +26,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def source_commit() -> str | None:
-    """The commit the benchmark's code is: DDPROF_COMMIT where the tree was copied without its git
-    directory (the GPU machine's copy: benchmarks/gpu_verify.sh sets it), else git's HEAD, with
-    "+changes" where tracked files differ from it; None where neither says."""
-    if os.environ.get("DDPROF_COMMIT"):
-        return os.environ["DDPROF_COMMIT"]
-    root = RESULTS.parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                 capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
+def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
+    """The commit the benchmark's code is: git's HEAD where `root` (the project) is a git checkout's
+    top, with "+changes" where tracked files differ from it; else DDPROF_COMMIT (the device's copy
+    of the tree has no git directory: benchmarks/gpu_verify.sh says to set it); else None."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root.resolve():  # not a checkout, or another one around it
+        return os.environ.get("DDPROF_COMMIT") or None
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "HEAD") + ("+changes" if changes else "")
 
 
 def describe() -> dict:

@@ -45,7 +45,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     """(what changed, tiling): the shape's tiling itself first (the control), then every blocking
     `--tune-blocking` can pick from it: the warps alone, the stages alone, each launch pair
     (warps, stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, and TMA loads with
-    each launch pair; each tiling once, labelled by the first field in that order that it changes."""
+    each launch pair and each BLOCK_M; each tiling once, labelled by the first field in that order
+    that it changes. TMA comes last: a kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
     changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]
@@ -54,6 +55,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps, num_stages=stages))
                 for block_n, warps, stages in COLUMN_BLOCKINGS]
     changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
+    changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
+                for block_m, warps, stages in ROW_BLOCKINGS]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -225,13 +225,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
 
 def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     """A [B, R, K] operand as a tensor descriptor of [1, rows, cols] tiles. The TMA needs the K axis
-    contiguous and 16-byte-aligned rows and base; a tiling that asks for it on other inputs is
+    contiguous and a 16-byte-aligned base and strides; a tiling that asks for it on other inputs is
     refused, never silently loaded the other way."""
-    try:
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, cols])
-    except AssertionError as problem:
+    size = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(stride * size % 16 for stride in t.stride()[:-1]):
         raise ValueError(f"batch_invariant_matmul: a TMA tiling cannot load {tuple(t.shape)} with strides "
-                         f"{t.stride()}: {problem}") from None
+                         f"{t.stride()}: it needs K contiguous and a 16-byte-aligned base and strides")
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, cols])
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, where: str) -> None:

@@ -37,7 +37,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def random(shape, dtype, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
+    """Drawn on the generator's device (a CUDA one for the K2 shapes: lm_head's 1.2e9 weights)."""
+    return (torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device) * scale).to(dtype).to(DEVICE)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -153,7 +154,8 @@ def test_a_split_row_alone_equals_the_row_among_random_others_cpu(split_k):
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("m, n, k", [(37, 40, 128), (5, 72, 96), (70, 48, 200)])  # 200: a partial last K tile
 def test_tma_loads_give_the_pointer_loads_bits(m, n, k, split_k):
-    """A TMA tiling loads the same operands (zeros past M, N and K) for the same dots."""
+    """A TMA tiling loads the same operands (zeros past M, N and K) for the same dots. (That a TMA
+    tiling really takes the descriptor path: the refusal test below.)"""
     gen = torch.Generator().manual_seed(m + n + k)
     tiles = split_tiles(split_k)
     x, w = random((m, k), torch.float32, gen), random((n, k), torch.float32, gen, k ** -0.5)
@@ -222,7 +224,7 @@ DECODE_ROWS = [1, 8, 17, 64, 136, 544, 1088]
 @pytest.mark.parametrize("tma", [False, True])
 def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k, tma):
     """Each M with its own blocking (BLOCKING_BY_M), loaded through pointers or the TMA."""
-    gen = torch.Generator().manual_seed(n + k)
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
 

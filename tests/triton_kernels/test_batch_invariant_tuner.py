@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import benchmarks.batch_invariant_matmul as tuner
-from triton_kernels.batch_invariant_matmul import Blocking, Tiles, blocking_of
+from triton_kernels.batch_invariant_matmul import TUNED, Blocking, Tiles, blocking_of
 
 BASE = Tiles(64, 128, 64, 4, 4)
 
@@ -66,3 +66,17 @@ def test_picks_that_change_with_m_make_one_range_each(monkeypatch, inputs):
 def test_a_base_tiling_that_depends_on_m_stops_the_run(monkeypatch, inputs):
     with pytest.raises(RuntimeError, match="not even the base tiling"):
         tune(monkeypatch, inputs, poisoned=lambda tiles, m: m == 17, cost=lambda b, m: 1.0)
+
+
+def test_the_tma_pass_tries_the_best_blocking_with_tma_at_every_m(monkeypatch, inputs):
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
+                         cost=lambda b, m: 0.5 if b.tma and m > 64 else 1.0)
+    assert all(any(e["m"] == m and e["blocking"]["tma"] for e in tried) for m in tuner.ROWS)
+    assert ranges[-1][1].tma and not ranges[0][1].tma
+
+
+@pytest.mark.parametrize("tiles", [*TUNED.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True)])
+def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
+    assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
+    ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
+    assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
