@@ -17,6 +17,10 @@
 # README "Batch-invariant numerics".
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-4)}
+if [ -z "${DDPROF_COMMIT:-}" ] && ! git rev-parse --git-dir > /dev/null 2>&1; then
+  echo "benchmarks/gpu_verify.sh: this tree has no git directory: set DDPROF_COMMIT (the commit it is) so results name it" >&2
+  exit 2
+fi
 tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py"
 first="q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj"
 second="dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head"
