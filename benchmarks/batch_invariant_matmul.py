@@ -154,13 +154,16 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[
                     best[blocking] = ratio if invariant else None
                 tried.append(entry)
 
+        def fastest() -> Blocking | None:
+            return min((b for b, ratio in best.items() if ratio is not None), key=best.get, default=None)
+
         time_each([blocking_of(base)] + [Blocking(block_m, base.block_n, warps, stages)
                                          for block_m, warps, stages in ROW_BLOCKINGS if block_m <= widest])
-        rows_pick = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
+        rows_pick = fastest() or blocking_of(base)
         time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
-        so_far = min((b for b, r in best.items() if r is not None), key=best.get, default=blocking_of(base))
+        so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_warps=warps, num_stages=stages, tma=True) for warps, stages in LAUNCHES])
-        pick = min((b for b, r in best.items() if r is not None), key=best.get, default=None)
+        pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
                                "gives the base tiling's bits on the full batch")
@@ -252,7 +255,6 @@ def print_tuned(tuned: dict) -> None:
     print("triton_kernels/batch_invariant_matmul.py TUNED, from this run:")
     for shape, tiles in picks.items():
         print(f"    {shape}: {tiles_line(tiles)},  # {names[shape]}")
-
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:

@@ -40,8 +40,8 @@ def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
     top = git("rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != root.resolve():  # not a checkout, or another one around it
         return os.environ.get("DDPROF_COMMIT") or None
-    changes = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "HEAD") + ("+changes" if changes else "")
+    head, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    return None if head is None else head + ("+changes" if changes else "")  # None: no commit yet
 
 
 def describe() -> dict:

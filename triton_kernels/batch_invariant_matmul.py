@@ -13,15 +13,16 @@ which outputs share a program, not an element's K loop (BLOCK_K steps, split-K c
 every row kept its fp32 accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2
 shapes (benchmarks/results/block_m_invariance.json; the stage count and BLOCK_N are for
 benchmarks/tile_invariance.py, not run yet), and the tuner keeps a blocking only if its bf16
-output is bit-identical to the base tiling's on the same rows. So one tiling no longer has to serve M = 1 (memory-bound)
-and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the blocking per M range.
+output is bit-identical to the base tiling's on the same rows. So one tiling no longer has to
+serve M = 1 (memory-bound) and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the
+blocking per M range.
 
 Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 12 programs
-of 128 columns for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M; here S is part
-of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and S alone. Each
-chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the order s = 0,
-1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per element, whatever
-M is. No atomics (their order would vary from run to run).
+of 128 columns for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M;
+here S is part of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and
+S alone. Each chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the
+order s = 0, 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per
+element, whatever M is. No atomics (their order would vary from run to run).
 
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
@@ -140,7 +141,8 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
     past M, N or K with zeros, as the masked loads do: the same operands for the same dots."""
     # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
     pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    split, batch = axis2 // batches, (axis2 % batches).to(tl.int64)
+    split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
+    batch = matrix.to(tl.int64)
     k_start = split * k_chunk  # a BLOCK_K multiple (k_chunk specializes as one of 16: aligned loads)
     k_offset = k_start.to(tl.int64)  # times a stride: a K-major weight's offset can pass 2**31
     k_left = K - k_start
@@ -154,8 +156,8 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
     # Every chunk runs the same steps; past K (the last chunk's tail) they load zeros and add 0.
     for k in range(0, k_chunk, BLOCK_K):
         if TMA:
-            a = x_ptr.load([axis2 % batches, pid_m * BLOCK_M, k_start + k]).reshape(BLOCK_M, BLOCK_K)
-            b = w_ptr.load([axis2 % batches, pid_n * BLOCK_N, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
+            a = x_ptr.load([matrix, pid_m * BLOCK_M, k_start + k]).reshape(BLOCK_M, BLOCK_K)
+            b = w_ptr.load([matrix, pid_n * BLOCK_N, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
         else:
             k_in = (k + ks) < k_left
             a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
