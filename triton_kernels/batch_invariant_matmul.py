@@ -87,16 +87,16 @@ TUNED: dict[tuple[int, int], Tiles] = {
 # BLOCK_N: the "row_tuned" block of benchmarks/results/batch_invariant_matmul_blocking_tuning.json;
 # a test checks that they agree). Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
-    (1536, 7168): ((544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # q_a_proj
-    (12288, 1536): ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # q_b_proj
-    (576, 7168): ((544, Blocking(64, 128, 4, 4)), (1088, Blocking(64, 128, 8, 3)),),  # kv_a_proj
-    (16384, 512): ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # kv_b_proj
-    (7168, 8192): ((64, Blocking(64, 128, 4, 4)), (136, Blocking(128, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # o_proj
-    (18432, 7168): ((8, Blocking(16, 128, 4, 4)), (136, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # dense gate/up
-    (7168, 18432): ((1, Blocking(16, 128, 4, 4)), (136, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # dense down
-    (2048, 7168): ((136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3)),),  # shared expert gate/up
-    (7168, 2048): ((17, Blocking(16, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # shared expert down
-    (163840, 7168): ((8, Blocking(16, 128, 8, 3)), (17, Blocking(128, 128, 8, 3)), (64, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 8, 3)),),  # lm_head
+    (1536, 7168): ((64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 256, 8, 3, tma=True)),),  # q_a_proj
+    (12288, 1536): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 32, 4, 4)), (64, Blocking(64, 64, 4, 4)), (136, Blocking(64, 128, 8, 3, tma=True)), (1088, Blocking(128, 128, 8, 3)),),  # q_b_proj
+    (576, 7168): ((136, Blocking(64, 32, 4, 4)), (544, Blocking(64, 64, 4, 4, tma=True)), (1088, Blocking(64, 128, 8, 3, tma=True)),),  # kv_a_proj
+    (16384, 512): ((1, Blocking(16, 64, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(16, 128, 4, 4, tma=True)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 8, 3, tma=True)), (544, Blocking(128, 128, 8, 3)), (1088, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
+    (7168, 8192): ((8, Blocking(16, 32, 4, 4)), (64, Blocking(64, 32, 4, 4)), (136, Blocking(128, 128, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 128, 4, 4, tma=True)),),  # o_proj
+    (18432, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 64, 4, 4)), (64, Blocking(64, 128, 4, 4, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(128, 128, 8, 3)), (1088, Blocking(128, 128, 4, 4, tma=True)),),  # dense gate/up
+    (7168, 18432): ((8, Blocking(16, 32, 4, 4)), (64, Blocking(64, 256, 4, 4, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 256, 8, 3)),),  # dense down
+    (2048, 7168): ((17, Blocking(64, 32, 4, 4)), (64, Blocking(32, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 256, 8, 3, tma=True)),),  # shared expert gate/up
+    (7168, 2048): ((8, Blocking(16, 32, 4, 4)), (64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
+    (163840, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(128, 128, 8, 3)), (64, Blocking(64, 128, 4, 4, tma=True)), (136, Blocking(64, 256, 4, 4, tma=True)), (544, Blocking(128, 128, 8, 3)), (1088, Blocking(128, 128, 4, 4, tma=True)),),  # lm_head
 }
 
 
