@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
-from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, Blocking, Tiles, base_tiles,  # noqa: E402
+from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles,  # noqa: E402
                                                    batch_invariant_linear, blocking_of, with_blocking)
 
 # (name, N, K): Kimi K2's projections (hidden 7168, 64 heads).
@@ -61,6 +61,9 @@ SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 
           ("kv_b_proj", 64 * 256, 512), ("o_proj", 7168, 64 * 128), ("dense gate/up", 18432, 7168),
           ("dense down", 7168, 18432), ("shared expert gate/up", 2048, 7168), ("shared expert down", 7168, 2048),
           ("lm_head", 163840, 7168)]
+# (name, N, K) in float32: the router (384 experts over hidden 7168), its scores kept in float32 as
+# the reference keeps them. `--tune` picks its tiling too (TUNED_FP32); its blocking is not searched.
+FLOAT32_SHAPES = [("router", 384, 7168)]
 ROWS = [1, 8, 17, 64, 136, 544, 1088]
 TUNE_ROWS = [1, 1088, 17, 544, 136]  # the ends first: they rule most candidates out
 TUNE_REP_MS = 10
@@ -68,6 +71,15 @@ GOAL = {1: 1.3, 8: 1.3}  # ratio to cuBLAS allowed below 17 rows; 1.15 from 17 u
 CANDIDATES = [Tiles(64, 16, 128, 4, 4), Tiles(64, 16, 256, 4, 3), Tiles(64, 32, 128, 4, 4), Tiles(64, 32, 256, 4, 3),
               Tiles(64, 64, 64, 4, 4), Tiles(64, 64, 128, 4, 3), Tiles(64, 128, 64, 4, 4), Tiles(64, 128, 64, 8, 3),
               Tiles(128, 128, 64, 8, 3), Tiles(128, 128, 64, 4, 4), Tiles(128, 256, 64, 8, 3), Tiles(64, 256, 64, 4, 3)]
+# float32 over the router's 7,168-long K: split-K by up to 14 chunks, as 12 x cdiv(M, 32) programs
+# cannot fill 132 SMs; IEEE products (CUDA-core FMAs) and TF32x3 ones (tensor cores, float32-level error).
+FLOAT32_CANDIDATES = ([Tiles(block_m, block_n, block_k, 4, 2, split_k)
+                       for block_m, block_n, block_k in [(32, 32, 32), (64, 32, 32), (32, 64, 32), (32, 32, 64)]
+                       for split_k in (1, 2, 4, 7, 8, 14)]
+                      + [Tiles(block_m, block_n, block_k, warps, stages, split_k, fp32_dot="tf32x3")
+                         for block_m, block_n, block_k, warps, stages in [(32, 32, 32, 4, 3), (64, 64, 32, 4, 3),
+                                                                          (64, 32, 64, 4, 3), (64, 128, 32, 8, 3)]
+                         for split_k in (1, 4, 8, 14)])
 # Narrow N, long K: cdiv(N, BLOCK_N) x cdiv(M, 64) programs leave most of the 132 SMs idle at small M
 # (q_a_proj: 24), so the K loop is also cut into 2, 4 or 8 chunks.
 SPLIT_CANDIDATES = [Tiles(64, block_n, block_k, warps, stages, split_k)
@@ -81,22 +93,30 @@ ROW_BLOCKINGS = [(block_m, warps, stages) for block_m in (16, 32, 64, 128) for w
 COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) for warps, stages in LAUNCHES]
 
 
-def candidates(n: int, k: int) -> list[Tiles]:
+def candidates(n: int, k: int, dtype: torch.dtype) -> list[Tiles]:
     """The tilings `--tune` tries for an [M, k] x [k, n] product, the current one first."""
-    tried = CANDIDATES + (SPLIT_CANDIDATES if k >= 2 * n else [])
-    current = base_tiles(n, k, torch.bfloat16)
+    if dtype == torch.float32:
+        tried = FLOAT32_CANDIDATES
+    else:
+        tried = CANDIDATES + (SPLIT_CANDIDATES if k >= 2 * n else [])
+    current = base_tiles(n, k, dtype)
     return [current] + [tiles for tiles in tried if tiles != current]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def tiles_line(tiles: Tiles) -> str:
     """A Tiles as TUNED spells it: the five tile sizes positional, split_k and tma named where set."""
-    named = ([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
+    named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
+             + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else []))
     return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
 
 
-def inputs(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(torch.bfloat16)
-    x = torch.randn(max(ROWS), k, device="cuda", generator=gen).to(torch.bfloat16)
+def inputs(n: int, k: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
+    x = torch.randn(max(ROWS), k, device="cuda", generator=gen).to(dtype)
     return x, w
 
 
@@ -106,7 +126,7 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
     stops at the first M past the best worst so far (its worst can only grow: "ruled_out")."""
     cublas = {m: bench(lambda: F.linear(x[:m], w), rep_ms=TUNE_REP_MS) for m in TUNE_ROWS}
     tried, best = [], float("inf")
-    for tiles in candidates(w.shape[0], w.shape[1]):
+    for tiles in candidates(w.shape[0], w.shape[1], w.dtype):
         ratios = {}
         try:
             for m in TUNE_ROWS:
@@ -191,11 +211,12 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="pick each shape's tiling first (see the docstring)")
     parser.add_argument("--tune-blocking", action="store_true", help="then pick each shape's blocking per M (the docstring)")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
-                        + ", ".join(name for name, _, _ in SHAPES))
+                        + ", ".join(name for name, _, _ in SHAPES + FLOAT32_SHAPES))
     args = parser.parse_args()
-    names = args.shapes.split(",") if args.shapes else [name for name, _, _ in SHAPES]
-    chosen = [shape for shape in SHAPES if shape[0] in names]
-    unknown = sorted(set(names) - {name for name, _, _ in chosen})
+    every = [(shape, torch.bfloat16) for shape in SHAPES] + [(shape, torch.float32) for shape in FLOAT32_SHAPES]
+    names = args.shapes.split(",") if args.shapes else [name for (name, _, _), _ in every]
+    chosen = [(shape, dtype) for shape, dtype in every if shape[0] in names]
+    unknown = sorted(set(names) - {name for (name, _, _), _ in chosen})
     if unknown or not torch.cuda.is_available():
         problem = f"no shape named {', '.join(map(repr, unknown))}" if unknown else "needs a CUDA GPU (torch sees none)"
         print(f"benchmarks/batch_invariant_matmul.py: {problem}", file=sys.stderr)
@@ -207,19 +228,22 @@ def main() -> None:
     result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "tuned": tuned,
               "blocking_tuned": blocking_tuned, "rows": rows}
     print(f"{'shape':>22} {'N':>6} {'K':>6} {'M':>5} {'ours us':>8} {'cuBLAS us':>9} {'x':>5} {'TF/s':>6} {'of BW':>6}")
-    for name, n, k in chosen:
-        x, w = inputs(n, k, gen)
+    for (name, n, k), dtype in chosen:
+        x, w = inputs(n, k, gen, dtype)
         if args.tune:
-            print(f"tuning {name} ({n} x {k}): {len(candidates(n, k))} candidates x {len(TUNE_ROWS)} row counts")
+            print(f"tuning {name} ({n} x {k}, {dtype}): {len(candidates(n, k, dtype))} candidates x {len(TUNE_ROWS)} row counts")
             started = time.perf_counter()
             tiles, tried = tune(x, w)
-            tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
+            tuned[f"{n}x{k}"] = {"name": name, "dtype": dtype_name(dtype), "tiles": tiles._asdict(), "tried": tried,
                                  "seconds": time.perf_counter() - started}
             print(f"  {name}: {tiles_line(tiles)} ({tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
         else:
-            tiles = base_tiles(n, k, torch.bfloat16)
-        ranges = BLOCKING_BY_M.get((n, k), ()) if tiles == base_tiles(n, k, torch.bfloat16) else ()
-        if args.tune_blocking:
+            tiles = base_tiles(n, k, dtype)
+        bf16_base = dtype == torch.bfloat16 and tiles == base_tiles(n, k, dtype)
+        ranges = BLOCKING_BY_M.get((n, k), ()) if bf16_base else ()
+        if args.tune_blocking and dtype != torch.bfloat16:
+            print(f"{name} ({dtype_name(dtype)}) keeps its tiling's blocking at every M: not tuned")
+        elif args.tune_blocking:
             print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
             started = time.perf_counter()
             ranges, tried = tune_blocking(x, w, tiles)
@@ -232,8 +256,8 @@ def main() -> None:
             at_m = with_blocking(tiles, ranges, m)
             ours = bench(lambda: batch_invariant_linear(x[:m], w, at_m)) * 1e3
             vendor = bench(lambda: F.linear(x[:m], w)) * 1e3
-            flops, nbytes = 2 * m * n * k, 2 * (n * k + m * k + m * n)
-            row = {"shape": name, "n": n, "k": k, "m": m, "tiles": at_m._asdict(), "us": ours, "cublas_us": vendor,
+            flops, nbytes = 2 * m * n * k, x.element_size() * (n * k + m * k + m * n)
+            row = {"shape": name, "dtype": dtype_name(dtype), "n": n, "k": k, "m": m, "tiles": at_m._asdict(), "us": ours, "cublas_us": vendor,
                    "ratio_to_cublas": ours / vendor, "tflops": flops / ours / 1e6, "gbps": nbytes / ours / 1e3,
                    "of_copy_bandwidth": nbytes / ours / 1e3 / peak["copy_gbps"],
                    "row_bits_as_in_the_full_batch": bool(torch.equal(batch_invariant_linear(x[:m], w, at_m)[0],
@@ -249,12 +273,18 @@ def main() -> None:
 
 
 def print_tuned(tuned: dict) -> None:
-    """TUNED as it reads with this run's picks (shapes this run did not tune keep their lines)."""
-    picks = {**TUNED, **{tuple(map(int, shape.split("x"))): Tiles(**pick["tiles"]) for shape, pick in tuned.items()}}
-    names = {(n, k): name for name, n, k in SHAPES}
-    print("triton_kernels/batch_invariant_matmul.py TUNED, from this run:")
-    for shape, tiles in picks.items():
-        print(f"    {shape}: {tiles_line(tiles)},  # {names[shape]}")
+    """TUNED and TUNED_FP32 as they read with this run's picks (shapes this run did not tune keep
+    their lines); a table this run tuned nothing of is not printed."""
+    for table, current, dtype, shapes in (("TUNED", TUNED, torch.bfloat16, SHAPES),
+                                          ("TUNED_FP32", TUNED_FP32, torch.float32, FLOAT32_SHAPES)):
+        mine = {shape: pick for shape, pick in tuned.items() if pick["dtype"] == dtype_name(dtype)}
+        if not mine:
+            continue
+        picks = {**current, **{tuple(map(int, shape.split("x"))): Tiles(**pick["tiles"]) for shape, pick in mine.items()}}
+        names = {(n, k): name for name, n, k in shapes}
+        print(f"triton_kernels/batch_invariant_matmul.py {table}, from this run:")
+        for shape, tiles in picks.items():
+            print(f"    {shape}: {tiles_line(tiles)},  # {names[shape]}")
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:

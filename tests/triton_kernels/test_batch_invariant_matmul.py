@@ -118,6 +118,16 @@ def test_split_k_matches_float64(seed, split_k, m, n, k):
     assert relative_error(batch_invariant_linear(x, w, split_tiles(split_k)), x.double() @ w.double().T) < 1e-5
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_tf32x3_products_match_float64(split_k):
+    """The router's tensor-core float32 products (Tiles.fp32_dot; the interpreter runs them exactly,
+    the `gpu` router test on the hardware)."""
+    gen = torch.Generator().manual_seed(split_k)
+    x, w = random((37, 130), torch.float32, gen), random((40, 130), torch.float32, gen, 130 ** -0.5)
+    tiles = split_tiles(split_k)._replace(fp32_dot="tf32x3")
+    assert relative_error(batch_invariant_linear(x, w, tiles), x.double() @ w.double().T) < 1e-5
+
+
 def test_split_count_comes_from_k_alone_and_leaves_no_chunk_empty():
     """More chunks than K blocks (or a count that would leave the last chunk empty) is clamped by K:
     the same bits as the count it clamps to, and still the float64 product."""
@@ -239,18 +249,21 @@ def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k, tma):
 
 
 @pytest.mark.gpu
-def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu():
+@pytest.mark.parametrize("fp32_dot", ["ieee", "tf32x3"])
+def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu(fp32_dot):
+    """The router's tuned tiling (TUNED_FP32) with either float32 product: float32-level error."""
     gen = torch.Generator().manual_seed(9)
     router = random((384, 7168), torch.float32, gen, 7168 ** -0.5)
     x = random((1088, 7168), torch.float32, gen)
-    full = batch_invariant_linear(x, router)
+    tiles = base_tiles(384, 7168, torch.float32)._replace(fp32_dot=fp32_dot)
+    full = batch_invariant_linear(x, router, tiles)
     assert relative_error(full, x.double() @ router.double().T) < 1e-5
     heads = random((64, 512, 128), torch.bfloat16, gen, 128 ** -0.5)  # W_UK^T per head
     q = random((1088, 64, 128), torch.bfloat16, gen)
     full_q = batch_invariant_per_head(q, heads)
     assert relative_error(full_q, torch.einsum("mha,hba->mhb", q.double(), heads.double())) < 1e-2
     for m in DECODE_ROWS:
-        assert torch.equal(batch_invariant_linear(x[:m], router)[0], full[0]), m
+        assert torch.equal(batch_invariant_linear(x[:m], router, tiles)[0], full[0]), m
         assert torch.equal(batch_invariant_per_head(q[:m], heads)[0], full_q[0]), m
 
 
