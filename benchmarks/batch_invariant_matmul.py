@@ -16,6 +16,11 @@ into the result file's "tuned" block, and the run prints the TUNED lines to past
 `triton_kernels/batch_invariant_matmul.py` (split_k where not 1); the committed tuning run is
 `--tune --out benchmarks/results/batch_invariant_matmul_tuning.json`.
 
+The router (`FLOAT32_SHAPES`, float32 as the engine computes its scores) is tuned the same way over
+FLOAT32_CANDIDATES, IEEE and TF32x3 products (`Tiles.fp32_dot`), into TUNED_FP32 (its committed run:
+`--tune --shapes router --out benchmarks/results/batch_invariant_matmul_tuning_router.json`); its
+blocking stays its tiling's at every M.
+
 `--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages) of each
 shape's tiling per M: at each M of the table, the fastest blocking whose output is bit-identical
 to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never

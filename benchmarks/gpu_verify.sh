@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The batch-invariant GEMM's next GPU session, one device call per part (10 minutes each; every step
 # has its own time limit, and a step that runs out leaves the others running). Results go under OUT,
-# a file per run; join them back into benchmarks/results/. The device's copy of the tree has no git
-# directory: prefix DDPROF_COMMIT=$(git rev-parse HEAD) (put in the command here) so that each
-# result file's machine block names the commit it ran.
+# a file per run; join them back into benchmarks/results/. The device's copy of the tree carries a
+# git directory of the session's first commit only: prefix DDPROF_COMMIT=$(git rev-parse HEAD) (put
+# in the command here; required) so that each result file's machine block names the commit it ran.
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)
 #   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the other five
 #   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
+#   bash benchmarks/gpu_verify.sh OUT 5   # both numerics served under nsys, as part 4's A/B serves them
+#
+# Part 5 needs .devlibs carried (../shared/nsys/README.md). It runs nsys itself, with the flags
+# `ddprof capture` uses on a GPU, because ddprof's polars wheels do not fit beside the tree in one
+# call's carry; `ddprof compare A B` here reads the two exports (per-stage GPU time per step).
 #
 # Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py;
 # commit their files as benchmarks/results/batch_invariant_matmul_blocking_tuning_{2,3}.json (a test
@@ -16,9 +21,9 @@
 # before part 3, which prints them merged). Last run (BLOCK_M, warps and stages only): 2026-12-01,
 # README "Batch-invariant numerics".
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-4)}
-if [ -z "${DDPROF_COMMIT:-}" ] && ! git rev-parse --git-dir > /dev/null 2>&1; then
-  echo "benchmarks/gpu_verify.sh: this tree has no git directory: set DDPROF_COMMIT (the commit it is) so results name it" >&2
+out=${1:?OUT} part=${2:?PART (1-5)}
+if [ -z "${DDPROF_COMMIT:-}" ]; then
+  echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is): the device's git directory is the session's first commit, so results would name the wrong one" >&2
   exit 2
 fi
 tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py"
@@ -38,6 +43,17 @@ case $part in
      timeout 90 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 5 \
        --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1
      tail -2 "$out/batch_invariant_ab.log" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1, 2, 3 or 4, not $part" >&2; exit 2 ;;
+  5) nsys_host=/opt/nvidia/nsight-compute/2025.3.1/host
+     export LD_LIBRARY_PATH=$PWD/.devlibs:$nsys_host/linux-desktop-glibc_2_11_3-x64:${LD_LIBRARY_PATH:-}
+     for numerics in batch-invariant no-batch-invariant; do
+       timeout 120 $nsys_host/target-linux-x64/nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none \
+         --cpuctxsw=none --wait=primary -f true -o "/tmp/$numerics" python3 -m engine serve --workload chat \
+         --concurrency 32 --model k2-layer --builder gpu --budget 16 --device cuda --requests 64 --max-new-tokens 48 \
+         "--$numerics" --summary "$out/$numerics.json" > "$out/$numerics.log" 2>&1
+       timeout 60 $nsys_host/target-linux-x64/nsys export --type sqlite -q true -f true -o "/tmp/$numerics.sqlite" \
+         "/tmp/$numerics.nsys-rep" > /dev/null 2>&1
+       gzip -c "/tmp/$numerics.sqlite" > "$out/k2-layer-b16-c32-gpu-$numerics.sqlite.gz"
+     done ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 5, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -27,9 +27,13 @@ def cpu_model() -> str:
 
 
 def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
-    """The commit the benchmark's code is: git's HEAD where `root` (the project) is a git checkout's
-    top, with "+changes" where tracked files differ from it; else DDPROF_COMMIT (the device's copy
-    of the tree has no git directory: benchmarks/gpu_verify.sh says to set it); else None."""
+    """The commit the benchmark's code is: DDPROF_COMMIT where set (the device's copy of the tree
+    carries a git directory of an earlier commit, the session's first, with the later ones as
+    uncommitted changes: its HEAD would name the wrong commit; benchmarks/gpu_verify.sh requires the
+    variable); else git's HEAD where `root` (the project) is a git checkout's top, with "+changes"
+    where tracked files differ from it; else None."""
+    if os.environ.get("DDPROF_COMMIT"):
+        return os.environ["DDPROF_COMMIT"]
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -39,7 +43,7 @@ def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
 
     top = git("rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != root.resolve():  # not a checkout, or another one around it
-        return os.environ.get("DDPROF_COMMIT") or None
+        return None
     head, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     return None if head is None else head + ("+changes" if changes else "")  # None: no commit yet
 

@@ -10,10 +10,10 @@ absorbed projections) rides on the grid's third axis.
 
 What may follow M is the blocking (`Blocking`: BLOCK_M, BLOCK_N, warps, pipeline stages): it changes
 which outputs share a program, not an element's K loop (BLOCK_K steps, split-K chunks). On the H200
-every row kept its fp32 accumulator bits across BLOCK_M 16..128 and 4 or 8 warps at all ten K2
-shapes (benchmarks/results/block_m_invariance.json; the stage count and BLOCK_N are for
-benchmarks/tile_invariance.py, not run yet), and the tuner keeps a blocking only if its bf16
-output is bit-identical to the base tiling's on the same rows. So one tiling no longer has to
+every row kept its fp32 accumulator bits across BLOCK_M 16..128, BLOCK_N 32..256, 4 or 8 warps,
+3 or 4 stages and TMA loads at all ten K2 shapes (benchmarks/tile_invariance.py ->
+benchmarks/results/tile_invariance.json), and the tuner keeps a blocking only if its bf16 output is
+bit-identical to the base tiling's on the same rows. So one tiling no longer has to
 serve M = 1 (memory-bound) and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the
 blocking per M range.
 
@@ -26,9 +26,12 @@ element, whatever M is. No atomics (their order would vary from run to run).
 
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
-the same dots, so the same bits by construction of the algorithm; whether the hardware agrees is
-benchmarks/tile_invariance.py's question (not run yet), and `--tune-blocking` tries it under the
-same bit-for-bit check. No tuned shape uses it yet.
+the same dots, so the same bits by construction of the algorithm, and on the H200 the same bits in
+fact (benchmarks/tile_invariance.py); `--tune-blocking` picks it per M under the same bit-for-bit
+check.
+
+float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
+of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
 
 Reference: a float64 product (tests/triton_kernels/test_batch_invariant_matmul.py). The engine's
 CPU path keeps its row-by-row products (engine.model.linear).
@@ -88,8 +91,9 @@ TUNED: dict[tuple[int, int], Tiles] = {
 # float32 tilings, (N, K) -> Tiles, picked by the same `--tune` (its "dtype": "float32" entries):
 # the router, 384 experts over hidden 7168, whose scores stay float32 as the reference keeps them.
 # Unsplit, with IEEE products on CUDA cores, its 32 x 32 tiles made only 12 x cdiv(M, 32) programs,
-# each over all of K: 430 us at M = 288 on the H200 against cuBLAS's 54 in a k2-layer serving capture,
-# and IEEE dots stayed at 2-6x cuBLAS's time even split 14 ways (Tiles.fp32_dot).
+# each over all of K: about 430 us at M = 288 on the H200 against cuBLAS's 54 in a k2-layer serving
+# capture, and IEEE dots stayed at 1.8-6.1x cuBLAS's time even split 14 ways (Tiles.fp32_dot);
+# benchmarks/results/batch_invariant_matmul_tuning_router.json.
 TUNED_FP32: dict[tuple[int, int], Tiles] = {
     (384, 7168): Tiles(64, 32, 64, 4, 3, split_k=14, fp32_dot="tf32x3"),  # router
 }
@@ -97,9 +101,10 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 
 # bf16, (N, K) -> ((largest M, Blocking), ...) by ascending M: the blocking of TUNED[N, K] per M
 # range (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
-# --tune-blocking` (today: its first run, which searched BLOCK_M, warps and stages at TUNED's
-# BLOCK_N: the "row_tuned" block of benchmarks/results/batch_invariant_matmul_blocking_tuning.json;
-# a test checks that they agree). Shapes missing here keep TUNED's blocking at every M.
+# --tune-blocking` (today: its second run, which searched BLOCK_M, BLOCK_N and TMA loads per M:
+# benchmarks/results/batch_invariant_matmul_blocking_tuning_2.json for the first five shapes, _3.json
+# for the other five; a test checks that they agree). Shapes missing here keep TUNED's blocking at
+# every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (1536, 7168): ((64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (1088, Blocking(128, 256, 8, 3, tma=True)),),  # q_a_proj
     (12288, 1536): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 32, 4, 4)), (64, Blocking(64, 64, 4, 4)), (136, Blocking(64, 128, 8, 3, tma=True)), (1088, Blocking(128, 128, 8, 3)),),  # q_b_proj

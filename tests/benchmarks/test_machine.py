@@ -10,7 +10,7 @@ def git(root, *args):
 
 
 def test_the_commit_is_head_with_a_mark_for_changed_files(tmp_path, monkeypatch):
-    monkeypatch.setenv("DDPROF_COMMIT", "0123abc")  # a checkout's own HEAD wins over the variable
+    monkeypatch.delenv("DDPROF_COMMIT", raising=False)
     git(tmp_path, "init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
     git(tmp_path, "add", "a.py")
@@ -21,9 +21,11 @@ def test_the_commit_is_head_with_a_mark_for_changed_files(tmp_path, monkeypatch)
     assert source_commit(tmp_path) == head
     (tmp_path / "a.py").write_text("x = 2\n")
     assert source_commit(tmp_path) == head + "+changes"
+    monkeypatch.setenv("DDPROF_COMMIT", "0123abc")  # the device's copy: its git directory is stale
+    assert source_commit(tmp_path) == "0123abc"
 
 
-def test_a_tree_without_its_own_git_directory_takes_the_variable(tmp_path, monkeypatch):
+def test_a_tree_without_its_own_git_directory_names_no_commit_but_the_variable(tmp_path, monkeypatch):
     git(tmp_path, "init", "-q")  # an enclosing checkout is not the tree's commit
     inner = tmp_path / "copy"
     inner.mkdir()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks.batch_invariant_matmul import blocking_picks
-from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, Blocking, Tiles, base_tiles, batch_invariant_linear,
+from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, batch_invariant_linear,
                                                    batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
                                                    with_blocking)
 
@@ -196,12 +196,16 @@ def test_per_head_split_k_matches_float64_and_is_batch_invariant(split_k):
 
 
 def test_tuned_tilings_are_the_committed_tuning_runs_picks():
-    """TUNED holds the picks of `benchmarks/batch_invariant_matmul.py --tune` (the lines it prints)."""
-    tuned = json.loads(TUNING.read_text())["tuned"]
-    assert tuned, f"{TUNING} holds no tuning run"
-    for shape, pick in tuned.items():
-        n, k = map(int, shape.split("x"))
-        assert TUNED.get((n, k)) == Tiles(**pick["tiles"]), pick["name"]
+    """TUNED and TUNED_FP32 hold the picks of `benchmarks/batch_invariant_matmul.py --tune` (the lines
+    it prints): bf16 ones in batch_invariant_matmul_tuning.json, the router's in its _router file."""
+    for path in TUNING.parent.glob("batch_invariant_matmul_tuning*.json"):
+        tuned = json.loads(path.read_text())["tuned"]
+        assert tuned, f"{path} holds no tuning run"
+        for shape, pick in tuned.items():
+            n, k = map(int, shape.split("x"))
+            table = TUNED_FP32 if pick.get("dtype") == "float32" else TUNED
+            assert table.get((n, k)) == Tiles(**pick["tiles"]), pick["name"]
+    assert TUNED_FP32, "the router's tiling is tuned"
 
 
 def test_blocking_by_m_is_the_committed_blocking_tuning_runs_picks():

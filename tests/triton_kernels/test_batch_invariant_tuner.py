@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import benchmarks.batch_invariant_matmul as tuner
-from triton_kernels.batch_invariant_matmul import TUNED, Blocking, Tiles, blocking_of
+from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of
 
 BASE = Tiles(64, 128, 64, 4, 4)
 
@@ -75,8 +75,19 @@ def test_the_tma_pass_tries_the_best_blocking_with_tma_at_every_m(monkeypatch, i
     assert ranges[-1][1].tma and not ranges[0][1].tma
 
 
-@pytest.mark.parametrize("tiles", [*TUNED.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True)])
+@pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True)])
 def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
     assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
     ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
+
+
+def test_each_dtype_tries_its_own_candidates_the_current_tiling_first():
+    """The router (float32) tries IEEE and TF32x3 tilings, never a bf16 one, and vice versa."""
+    (_, n, k), = tuner.FLOAT32_SHAPES
+    router = tuner.candidates(n, k, torch.float32)
+    assert router[0] == base_tiles(n, k, torch.float32) and set(router[1:]) <= set(tuner.FLOAT32_CANDIDATES)
+    assert {tiles.fp32_dot for tiles in router} == {"ieee", "tf32x3"}
+    _, n, k = tuner.SHAPES[0]
+    bf16 = tuner.candidates(n, k, torch.bfloat16)
+    assert bf16[0] == base_tiles(n, k, torch.bfloat16) and not set(bf16) & set(tuner.FLOAT32_CANDIDATES)
