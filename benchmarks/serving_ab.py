@@ -140,7 +140,7 @@ class Workload:
                      "faster way to the same greedy result")
         return {"tokens": result.generated_tokens, "steps": result.steps, "prefill_token_budget": prefill_tokens,
                 "prefills": result.prefills, "wall_s": wall,
-                "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s,
+                "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s, "prefill_s": result.prefill_s,
                 "decode_tok_per_s": result.step_tokens / result.step_s if result.step_s else None}
 
 
@@ -154,12 +154,13 @@ def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds:
     for variant in variants:
         run(variant)
     rows = []
-    print(f"{'round':>5} {field:>12} {'tokens':>7} {'steps':>6} {'wall s':>8} {'tok/s':>8} {'decode tok/s':>12}")
+    print(f"{'round':>5} {field:>12} {'tokens':>7} {'steps':>6} {'wall s':>8} {'prefill s':>9} {'tok/s':>8} "
+          f"{'decode tok/s':>12}")
     for round_ in range(rounds):
         for variant in variants if round_ % 2 == 0 else variants[::-1]:
             rows.append(row := {"round": round_, field: variant, **run(variant)})
             print(f"{round_:5} {variant:>12} {row['tokens']:7} {row['steps']:6} {row['wall_s']:8.3f} "
-                  f"{row['tok_per_s']:8.1f} {row['decode_tok_per_s'] or 0:12.1f}")
+                  f"{row['prefill_s']:9.3f} {row['tok_per_s']:8.1f} {row['decode_tok_per_s'] or 0:12.1f}")
     verdict = {}
     for rate, label in (("tok_per_s", "tok/s"), ("decode_tok_per_s", "decode tok/s")):
         if any(row[rate] is None for row in rows):  # no decode step ran (every answer done at its prefill)

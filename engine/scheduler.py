@@ -50,6 +50,9 @@ class ServeResult:
     # their GPU work (overlapped: the step before's, while its own runs); what serving spends on
     # prefills and bookkeeping is the rest of the wall.
     step_s: float = 0.0
+    # Host seconds inside the prefills (admit_many): launches only where the first tokens stay on
+    # the device (the graphed static step), else also the wait for them.
+    prefill_s: float = 0.0
 
     @property
     def generated_tokens(self) -> int:
@@ -78,7 +81,9 @@ def serve(engine, requests: Iterable[Request], concurrency: int, *, eos_id: int 
     while queue or engine.active:
         admitted = 0
         while batch := _prefill_batch(engine, queue, concurrency, prefill_tokens):
+            start = time.perf_counter()
             engine.admit_many([Admission(r.request_id, r.prompt_tokens, r.max_new_tokens, eos_id) for r in batch])
+            result.prefill_s += time.perf_counter() - start
             admitted += len(batch)
             result.prefills += 1
         if engine.active:

@@ -96,6 +96,7 @@ def test_counts_add_up(batch_of_32):
     assert result.steps == len(engine.step_sizes)
     assert result.first_tokens == len(requests)  # each request's first token comes from its prefill
     assert result.step_tokens + result.first_tokens == result.generated_tokens
+    assert result.prefill_s > 0 and result.step_s > 0  # both phases timed, on the host
 
 
 def test_a_full_cache_makes_requests_wait_instead_of_failing(trained_tiny, batch_of_32):
