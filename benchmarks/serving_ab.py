@@ -128,12 +128,14 @@ class Workload:
         the same in every round)."""
         if prefill_tokens is None:
             prefill_tokens = getattr(self.args, "prefill_tokens", DEFAULT_PREFILL_TOKENS)
+        allocator = allocator_counts(self.device)
         start = time.perf_counter()
         result = serve(engine, self.requests, self.args.concurrency, eos_id=self.tokenizer.eos_id,
                        prefill_tokens=prefill_tokens)
         if self.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
+        allocator = {name: count - allocator[name] for name, count in allocator_counts(self.device).items()}
         first = self.first_output.setdefault(numerics, result.tokens)
         if result.tokens != first:
             sys.exit(f"runs{' of ' + numerics if numerics else ''} decoded different tokens: each must be a "
@@ -141,7 +143,18 @@ class Workload:
         return {"tokens": result.generated_tokens, "steps": result.steps, "prefill_token_budget": prefill_tokens,
                 "prefills": result.prefills, "wall_s": wall,
                 "tok_per_s": result.generated_tokens / wall, "decode_s": result.step_s, "prefill_s": result.prefill_s,
-                "decode_tok_per_s": result.step_tokens / result.step_s if result.step_s else None}
+                "decode_tok_per_s": result.step_tokens / result.step_s if result.step_s else None,
+                "allocator": allocator}
+
+
+def allocator_counts(device: str) -> dict[str, int]:
+    """The CUDA caching allocator's cudaMalloc and cudaFree calls and its retries (a failed
+    allocation that frees the cache and tries again: each a device-wide wait) so far; {} on the
+    CPU. A serve that adds to them is paying for memory the cache did not hold."""
+    if device != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {name: stats.get(name, 0) for name in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
 
 
 def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds: int, field: str
