@@ -1,7 +1,7 @@
-"""The batch-invariant GEMM against cuBLAS (`F.linear`) at Kimi K2's projection shapes, decode-range M.
+"""The batch-invariant GEMM against cuBLAS (`F.linear`) at Kimi K2's projection shapes, decode and prefill M.
 
 For each shape (N, K) and M in 1, 8, 17, 64, 136, 544, 1,088 (bs x (1 + budget) of the serving runs)
-both run on the same bf16 inputs: GPU time per call with a cold L2 and no host launch cost (median
+and 4,096 (a batched prefill's rows at the default --prefill-tokens) both run on the same inputs: GPU time per call with a cold L2 and no host launch cost (median
 CUDA-graph replays of [flush the L2, call] minus [flush] alone, as benchmarks/verify_attention.py
 measures), TFLOP/s, and the fraction of the copy bandwidth measured in the same run (bytes: the
 weight, x and the output once; what bounds the decode range). Goal (issue 29): within 1.15x of
@@ -24,12 +24,14 @@ blocking stays its tiling's at every M.
 `--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages) of each
 shape's tiling per M: at each M of the table, the fastest blocking whose output is bit-identical
 to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never
-picked), searched in three passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
+picked), searched in passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
 then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS), then the best so far
-with its tiles loaded by the TMA (`tma`), with each launch pair. Picks at consecutive
-M that agree merge into one range; the run prints the BLOCKING_BY_M lines to paste. It times
-7 x (cuBLAS + at most 18 candidates) per shape, about 45 s with the compiles, so all ten shapes
-with their table take two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
+with its tiles loaded by the TMA (`tma`), with each launch pair, and for a split tiling the best so
+far with each program summing its own chunks (`split_in_program`: no workspace), with each pair.
+Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
+paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
+M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
+two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
 committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.json, a later name's
 picks over an earlier's (the first, 2026-12-01, searched BLOCK_M, warps and stages only: its
 "row_tuned" block).
@@ -69,7 +71,7 @@ SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 
 # (name, N, K) in float32: the router (384 experts over hidden 7168), its scores kept in float32 as
 # the reference keeps them. `--tune` picks its tiling too (TUNED_FP32); its blocking is not searched.
 FLOAT32_SHAPES = [("router", 384, 7168)]
-ROWS = [1, 8, 17, 64, 136, 544, 1088]
+ROWS = [1, 8, 17, 64, 136, 544, 1088, 4096]
 TUNE_ROWS = [1, 1088, 17, 544, 136]  # the ends first: they rule most candidates out
 TUNE_REP_MS = 10
 GOAL = {1: 1.3, 8: 1.3}  # ratio to cuBLAS allowed below 17 rows; 1.15 from 17 up
@@ -115,7 +117,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def tiles_line(tiles: Tiles) -> str:
     """A Tiles as TUNED spells it: the five tile sizes positional, split_k and tma named where set."""
     named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
-             + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else []))
+             + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else [])
+             + (["split_in_program=True"] if tiles.split_in_program else []))
     return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
 
 
@@ -153,7 +156,7 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
-    tiling's bits (the docstring's three passes), then consecutive M with the same pick merged; with
+    tiling's bits (the docstring's passes), then consecutive M with the same pick merged; with
     everything tried."""
     reference = batch_invariant_linear(x, w, base)
     tried, picks = [], []
@@ -188,6 +191,10 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[
         time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_warps=warps, num_stages=stages, tma=True) for warps, stages in LAUNCHES])
+        if base.split_k > 1:
+            so_far = fastest() or blocking_of(base)
+            time_each([so_far._replace(num_warps=warps, num_stages=stages, split_in_program=True)
+                       for warps, stages in LAUNCHES])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
@@ -295,7 +302,8 @@ def print_tuned(tuned: dict) -> None:
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
     """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma named where set."""
     def blocking(b: Blocking) -> str:
-        return f"Blocking({', '.join(map(str, b[:4]))}{', tma=True' if b.tma else ''})"
+        named = (", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
+        return f"Blocking({', '.join(map(str, b[:4]))}{named})"
     return "(" + " ".join(f"({bound}, {blocking(b)})," for bound, b in ranges) + ")"
 
 

@@ -15,11 +15,13 @@
 # `ddprof capture` uses on a GPU, because ddprof's polars wheels do not fit beside the tree in one
 # call's carry; `ddprof compare A B` here reads the two exports (per-stage GPU time per step).
 #
-# Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py;
-# commit their files as benchmarks/results/batch_invariant_matmul_blocking_tuning_{2,3}.json (a test
-# requires BLOCKING_BY_M to equal the picks of those files, later over earlier; paste part 2's lines
-# before part 3, which prints them merged). Last run (BLOCK_M, warps and stages only): 2026-12-01,
-# README "Batch-invariant numerics".
+# Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py
+# (part 2's lines for the first five shapes, part 3's for the other five); commit their files under
+# the next free numbers, benchmarks/results/batch_invariant_matmul_blocking_tuning_N.json (a test
+# requires BLOCKING_BY_M to equal the picks of those files, later over earlier). Runs: 2026-12-01
+# (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3); next,
+# with M = 4,096 and the chunks of a split tiling summed in one program (README "Batch-invariant
+# numerics").
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-5)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
@@ -36,7 +38,7 @@ case $part in
      tail -1 "$out/tile_invariance.log" ;;
   2|3) shapes=$([ "$part" = 2 ] && echo "$first" || echo "$second")
      timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "$shapes" \
-       --out "$out/batch_invariant_matmul_blocking_tuning_$part.json" > "$out/blocking_$part.log" 2>&1
+       --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
      tail -20 "$out/blocking_$part.log" ;;
   4) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"

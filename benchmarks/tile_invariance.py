@@ -1,6 +1,6 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
-their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads), at Kimi
-K2's projection shapes in bf16.
+their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
+tiling's chunks summed in one program), at Kimi K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -45,8 +45,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     """(what changed, tiling): the shape's tiling itself first (the control), then every blocking
     `--tune-blocking` can pick from it: the warps alone, the stages alone, each launch pair
     (warps, stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, and TMA loads with
-    each launch pair and each BLOCK_M; each tiling once, labelled by the first field in that order
-    that it changes. TMA comes last: a kernel that faults poisons the CUDA context for what follows."""
+    each launch pair and each BLOCK_M, and for a split tiling its chunks summed in the program with
+    each launch pair; each tiling once, labelled by the first field in that order that it changes.
+    TMA comes late: a kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
     changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]
@@ -57,6 +58,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
+    if tiles.split_k > 1:
+        changed += [("split_in_program", tiles._replace(num_warps=warps, num_stages=stages, split_in_program=True))
+                    for warps, stages in LAUNCHES]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -22,7 +22,10 @@ of 128 columns for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks 
 here S is part of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and
 S alone. Each chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the
 order s = 0, 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per
-element, whatever M is. No atomics (their order would vary from run to run).
+element, whatever M is. No atomics (their order would vary from run to run). Where M alone fills
+the GPU the blocking may keep the chunks in one program (`split_in_program`): each chunk is still
+accumulated from zero and the chunks' sums added in the same order, the same fp32 operations
+without the workspace (S x M x N floats written and read) or the second launch.
 
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
@@ -59,6 +62,7 @@ class Tiles(NamedTuple):
     # three TF32 tensor-core products per tile pair (float32-level error, not IEEE's bits; still one
     # fixed sequence per element, so as batch-invariant as any fixed tiling).
     fp32_dot: str = "ieee"
+    split_in_program: bool = False  # split_k's chunks summed inside each program, no workspace (a blocking)
 
 
 class Blocking(NamedTuple):
@@ -69,6 +73,7 @@ class Blocking(NamedTuple):
     num_warps: int
     num_stages: int
     tma: bool = False
+    split_in_program: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -132,7 +137,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 
 def blocking_of(tiles: Tiles) -> Blocking:
-    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma)
+    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -149,34 +154,28 @@ def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
     return with_blocking(base_tiles(n, k, dtype), BLOCKING_BY_M.get((n, k), ()) if dtype == torch.bfloat16 else (), m)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
+@triton.jit
+def _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   stride_os, stride_ob, stride_om, stride_on,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
                    TMA: tl.constexpr):
-    """out[s, b] = x[b] @ w[b]^T over K chunk s, [s * k_chunk, (s + 1) * k_chunk) (axis 2: s * batches + b).
-    TMA: x_ptr and w_ptr are tensor descriptors of [B, M, K] and [B, N, K], whose loads fill what lies
-    past M, N or K with zeros, as the masked loads do: the same operands for the same dots."""
-    # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
-    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
+    """The tile of x[matrix] @ w[matrix]^T from row row0 and column col0 over the K chunk
+    [k_start, k_start + k_chunk), accumulated in fp32 from zero. Every chunk runs the same steps;
+    past K (the last chunk's tail) they load zeros and add 0."""
     batch = matrix.to(tl.int64)
-    k_start = split * k_chunk  # a BLOCK_K multiple (k_chunk specializes as one of 16: aligned loads)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
     k_offset = k_start.to(tl.int64)  # times a stride: a K-major weight's offset can pass 2**31
     k_left = K - k_start
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     if not TMA:
         x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
         w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # Every chunk runs the same steps; past K (the last chunk's tail) they load zeros and add 0.
     for k in range(0, k_chunk, BLOCK_K):
         if TMA:
-            a = x_ptr.load([matrix, pid_m * BLOCK_M, k_start + k]).reshape(BLOCK_M, BLOCK_K)
-            b = w_ptr.load([matrix, pid_n * BLOCK_N, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
+            a = x_ptr.load([matrix, row0, k_start + k]).reshape(BLOCK_M, BLOCK_K)
+            b = w_ptr.load([matrix, col0, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
         else:
             k_in = (k + ks) < k_left
             a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
@@ -187,8 +186,38 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
             acc = tl.dot(a, b, acc)
         else:
             acc = tl.dot(a, b, acc, input_precision=FP32_DOT)
-    out = (out_ptr + split.to(tl.int64) * stride_os + batch * stride_ob + rows[:, None].to(tl.int64) * stride_om
-           + cols[None, :] * stride_on)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
+                   stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                   stride_os, stride_ob, stride_om, stride_on,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+                   TMA: tl.constexpr, CHUNKS: tl.constexpr):
+    """out[s, b] = x[b] @ w[b]^T over K chunks s * CHUNKS .. s * CHUNKS + CHUNKS - 1, each
+    [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added in that order (axis 2:
+    s * batches + b). CHUNKS = 1: one chunk per program, its partial to a workspace plane s; CHUNKS =
+    the split count: every chunk in one program, the same fp32 operations in the same order as the
+    workspace and _sum_splits_kernel's sum.
+    TMA: x_ptr and w_ptr are tensor descriptors of [B, M, K] and [B, N, K], whose loads fill what lies
+    past M, N or K with zeros, as the masked loads do: the same operands for the same dots."""
+    # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
+    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
+    row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+    # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
+    acc = _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk, k_chunk,
+                         stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                         BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
+    for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_splits_kernel
+        acc += _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, (split * CHUNKS + c) * k_chunk, k_chunk,
+                              stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                              BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    out = (out_ptr + split.to(tl.int64) * stride_os + matrix.to(tl.int64) * stride_ob
+           + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on)
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
@@ -225,20 +254,23 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     """x [B, M, K], w [B, N, K], out [B, M, N] (any strides). With more than one K chunk the partials
     go to a workspace [S, B, M, N] (fp32, from the caching allocator: no host sync, CUDA graphs
     capture it) that the second kernel sums into out. It grows with M: 4 bytes x S x M x N, e.g.
-    470 MB for the dense down (N 7168) split 4 ways over a 4,096-row prefill."""
+    470 MB for the dense down (N 7168) split 4 ways over a 4,096-row prefill. A blocking with
+    split_in_program has each program sum its own chunks instead (no workspace, one launch, S times
+    fewer programs: for an M that fills the GPU anyway)."""
     batch, m, k = x.shape
     n = w.shape[1]
     t = tiles or tiles_for(n, k, x.dtype, m)
     if m == 0 or n == 0:
         return
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
-    partials = out[None] if splits == 1 else torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), splits * batch)
+    workspace = splits > 1 and not t.split_in_program
+    partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device) if workspace else out[None]
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), (splits if workspace else 1) * batch)
     x_arg, w_arg = (_descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)) if t.tma else (x, w)
     _matmul_kernel[grid](x_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
                          BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, FP32_DOT=t.fp32_dot if x.dtype == torch.float32 else None,
-                         TMA=t.tma, num_warps=t.num_warps, num_stages=t.num_stages)
-    if splits > 1:
+                         TMA=t.tma, CHUNKS=1 if workspace else splits, num_warps=t.num_warps, num_stages=t.num_stages)
+    if workspace:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],
                                                                *out.stride(), BLOCK=block)

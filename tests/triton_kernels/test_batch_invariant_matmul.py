@@ -174,6 +174,22 @@ def test_tma_loads_give_the_pointer_loads_bits(m, n, k, split_k):
     assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(tma=True)), batch_invariant_per_head(*heads, tiles))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("split_k", [2, 3])
+@pytest.mark.parametrize("m, n, k", [(37, 40, 136), (1, 72, 200), (70, 48, 96)])  # 136, 200: partial last K tiles
+def test_chunks_summed_in_the_program_give_the_workspaces_bits(dtype, split_k, m, n, k):
+    """split_in_program: each chunk accumulated from zero and the chunks' sums added in order, as
+    the workspace and its sum kernel do: the same bits, through pointers or the TMA, per head too."""
+    gen = torch.Generator().manual_seed(m + n + k + split_k)
+    tiles = split_tiles(split_k)
+    in_program = tiles._replace(split_in_program=True)
+    x, w = random((m, k), dtype, gen), random((n, k), dtype, gen, k ** -0.5)
+    assert torch.equal(batch_invariant_linear(x, w, in_program), batch_invariant_linear(x, w, tiles))
+    assert torch.equal(batch_invariant_linear(x, w, in_program._replace(tma=True)), batch_invariant_linear(x, w, tiles))
+    heads = random((m, 3, k), dtype, gen), random((3, n, k), dtype, gen)
+    assert torch.equal(batch_invariant_per_head(*heads, in_program), batch_invariant_per_head(*heads, tiles))
+
+
 def test_a_tma_tiling_refuses_what_the_tma_cannot_load():
     tiles = split_tiles(1)._replace(tma=True)
     with pytest.raises(ValueError, match="TMA tiling cannot load"):  # rows of 130 floats: not 16-byte aligned
@@ -279,13 +295,16 @@ K2_SPLITS = [((1536, 7168), Tiles(64, 64, 128, 4, 3, split_k=4)), ((576, 7168), 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, tiles", K2_SPLITS)
-def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, tiles):
+@pytest.mark.parametrize("in_program", [False, True])
+def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, tiles, in_program):
+    """Through the workspace or with each program summing its own chunks: the same bits."""
     n, k = shape
     gen = torch.Generator().manual_seed(n + k + tiles.split_k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
     full = batch_invariant_linear(x, w, tiles)
     assert relative_error(full, x.double() @ w.double().T) < 1e-2
+    tiles = tiles._replace(split_in_program=in_program)
     for m in DECODE_ROWS:  # row 0 alone and inside every batch size; the last row of each batch too
         assert torch.equal(batch_invariant_linear(x[:m], w, tiles)[0], full[0]), m
         assert torch.equal(batch_invariant_linear(x[m - 1:m], w, tiles)[0], full[m - 1]), m

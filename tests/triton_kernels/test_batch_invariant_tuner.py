@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import benchmarks.batch_invariant_matmul as tuner
+from benchmarks.tile_invariance import variants
 from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of
 
 BASE = Tiles(64, 128, 64, 4, 4)
@@ -38,11 +39,11 @@ def inputs():
             torch.randint(-4, 5, (24, 16), generator=gen).double())
 
 
-def tune(monkeypatch, inputs, poisoned, cost):
+def tune(monkeypatch, inputs, poisoned, cost, base=BASE):
     gemm = FakeGemm(poisoned, cost)
     monkeypatch.setattr(tuner, "batch_invariant_linear", gemm.linear)
     monkeypatch.setattr(tuner, "bench", gemm.bench)
-    return tuner.tune_blocking(*inputs, BASE)
+    return tuner.tune_blocking(*inputs, base)
 
 
 def test_the_fastest_invariant_blocking_wins_and_a_faster_variant_one_never_does(monkeypatch, inputs):
@@ -75,7 +76,17 @@ def test_the_tma_pass_tries_the_best_blocking_with_tma_at_every_m(monkeypatch, i
     assert ranges[-1][1].tma and not ranges[0][1].tma
 
 
-@pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True)])
+def test_a_split_tiling_also_tries_its_chunks_in_one_program_and_an_unsplit_one_never(monkeypatch, inputs):
+    _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: 1.0)
+    assert not any(e["blocking"]["split_in_program"] for e in tried)
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
+                         cost=lambda b, m: 0.5 if b.split_in_program and m > 1088 else 1.0)
+    assert all(any(e["m"] == m and e["blocking"]["split_in_program"] for e in tried) for m in tuner.ROWS)
+    assert ranges[-1][1].split_in_program and not ranges[0][1].split_in_program
+
+
+@pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True),
+                                   Tiles(64, 128, 64, 4, 4, split_k=4, split_in_program=True)])
 def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
     assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
     ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
@@ -91,3 +102,9 @@ def test_each_dtype_tries_its_own_candidates_the_current_tiling_first():
     _, n, k = tuner.SHAPES[0]
     bf16 = tuner.candidates(n, k, torch.bfloat16)
     assert bf16[0] == base_tiles(n, k, torch.bfloat16) and not set(bf16) & set(tuner.FLOAT32_CANDIDATES)
+
+
+def test_the_invariance_probe_varies_where_the_chunks_are_summed_for_split_tilings_only():
+    assert not any(tiles.split_in_program for _, tiles in variants(BASE))
+    split = [tiles for field, tiles in variants(BASE._replace(split_k=4)) if field == "split_in_program"]
+    assert len(split) == len(tuner.LAUNCHES) and all(tiles.split_in_program for tiles in split)
