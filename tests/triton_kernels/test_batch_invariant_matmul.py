@@ -8,6 +8,9 @@ float64) and float16 (the interpreter's bf16 `tl.dot` is broken); the `gpu` test
 """
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,6 +242,34 @@ def test_blocking_by_m_is_the_committed_blocking_tuning_runs_picks():
             chosen = with_blocking(TUNED[n, k], BLOCKING_BY_M[n, k], tried["m"])
             assert blocking_of(chosen) != Blocking(**fields), tried
 
+
+
+COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_kernels.batch_invariant_matmul import _matmul_kernel
+dtype, tma, chunks, fp32_dot = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4]
+operand = (lambda rows: f"tensordesc<{dtype}[1,{rows},64]>") if tma else (lambda rows: f"*{dtype}")
+ints = "M N K batches k_chunk stride_xb stride_xm stride_xk stride_wb stride_wn stride_wk stride_os stride_ob stride_om stride_on"
+constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot, TMA=tma, CHUNKS=chunks)
+signature = {"x_ptr": operand(64), "w_ptr": operand(128), "out_ptr": "*fp32", **dict.fromkeys(ints.split(), "i32"),
+             **dict.fromkeys(constants, "constexpr")}
+triton.compile(ASTSource(_matmul_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+               options={"num_warps": 4, "num_stages": 4})
+"""
+
+
+@pytest.mark.parametrize("dtype, loads, chunks, fp32_dot", [("bf16", "pointers", 1, "-"), ("bf16", "tma", 4, "-"),
+                                                             ("bf16", "pointers", 4, "-"), ("fp32", "pointers", 4, "tf32x3")])
+def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32_dot):
+    """What the interpreter never lowers (TMA descriptors, the chunk loop, TF32x3 dots) compiled for
+    sm_90 here, in a process of its own (the tests' interpreter mode cannot compile)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, loads, str(chunks), fp32_dot],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
