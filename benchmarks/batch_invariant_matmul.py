@@ -1,4 +1,4 @@
-"""The batch-invariant GEMM against cuBLAS (`F.linear`) at Kimi K2's projection shapes, decode and prefill M.
+"""The batch-invariant GEMM against cuBLAS (`F.linear`) at Kimi K2's projection shapes, decode to prefill M.
 
 For each shape (N, K) and M in 1, 8, 17, 64, 136, 544, 1,088 (bs x (1 + budget) of the serving runs)
 and 4,096 (a batched prefill's rows at the default --prefill-tokens) both run on the same inputs: GPU time per call with a cold L2 and no host launch cost (median
@@ -21,7 +21,8 @@ FLOAT32_CANDIDATES, IEEE and TF32x3 products (`Tiles.fp32_dot`), into TUNED_FP32
 `--tune --shapes router --out benchmarks/results/batch_invariant_matmul_tuning_router.json`); its
 blocking stays its tiling's at every M.
 
-`--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages) of each
+`--tune-blocking` then picks the blocking (Blocking: BLOCK_M, BLOCK_N, warps, stages, TMA loads,
+a split tiling's chunks summed in the program) of each
 shape's tiling per M: at each M of the table, the fastest blocking whose output is bit-identical
 to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never
 picked), searched in passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
@@ -37,11 +38,12 @@ picks over an earlier's (the first, 2026-12-01, searched BLOCK_M, warps and stag
 "row_tuned" block).
 
 How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
-a fresh tiling's compile a second or two. Tuning all ten shapes is at most 10 x 5 cuBLAS timings +
-10 x 12 x 5 + 4 x 9 x 5 candidate timings = 830, about 4 minutes with the compiles (less as
-candidates stop early; the four split-K shapes alone, `--shapes "q_a_proj,kv_a_proj,shared expert
-gate/up,dense down"`: at most 440, about 2 minutes); the table then adds 10 x 7 x 2 timings of
-about 1 s (rep 50 ms): about 2.5 minutes for all shapes. The run prints each shape's tuning time.
+a fresh tiling's compile a second or two. Tuning all ten bf16 shapes is at most 10 x 5 cuBLAS
+timings + 10 x 12 x 5 + 4 x 9 x 5 candidate timings = 830, about 4 minutes with the compiles (less
+as candidates stop early; the four split-K shapes alone, `--shapes "q_a_proj,kv_a_proj,shared
+expert gate/up,dense down"`: at most 440, about 2 minutes); the router adds 5 + 40 x 5 (22 s on
+2026-12-02); the table then adds 11 x 8 x 2 timings of about 1 s (rep 50 ms): about 3 minutes for
+all shapes. The run prints each shape's tuning time.
 
     python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking] [--shapes NAME,...] [--out FILE]
 """
@@ -115,7 +117,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def tiles_line(tiles: Tiles) -> str:
-    """A Tiles as TUNED spells it: the five tile sizes positional, split_k and tma named where set."""
+    """A Tiles as TUNED spells it: the five tile sizes positional, the other fields named where not
+    their defaults."""
     named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
              + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else [])
              + (["split_in_program=True"] if tiles.split_in_program else []))
@@ -243,7 +246,8 @@ def main() -> None:
     for (name, n, k), dtype in chosen:
         x, w = inputs(n, k, gen, dtype)
         if args.tune:
-            print(f"tuning {name} ({n} x {k}, {dtype}): {len(candidates(n, k, dtype))} candidates x {len(TUNE_ROWS)} row counts")
+            print(f"tuning {name} ({n} x {k}, {dtype_name(dtype)}): {len(candidates(n, k, dtype))} candidates x "
+                  f"{len(TUNE_ROWS)} row counts")
             started = time.perf_counter()
             tiles, tried = tune(x, w)
             tuned[f"{n}x{k}"] = {"name": name, "dtype": dtype_name(dtype), "tiles": tiles._asdict(), "tried": tried,
@@ -300,7 +304,8 @@ def print_tuned(tuned: dict) -> None:
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
-    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma named where set."""
+    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma and split_in_program named
+    where set."""
     def blocking(b: Blocking) -> str:
         named = (", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
         return f"Blocking({', '.join(map(str, b[:4]))}{named})"

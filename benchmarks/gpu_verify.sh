@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The batch-invariant GEMM's next GPU session, one device call per part (10 minutes each; every step
 # has its own time limit, and a step that runs out leaves the others running). Results go under OUT,
-# a file per run; join them back into benchmarks/results/. The device's copy of the tree carries a
-# git directory of the session's first commit only: prefix DDPROF_COMMIT=$(git rev-parse HEAD) (put
-# in the command here; required) so that each result file's machine block names the commit it ran.
+# a file per run; join them back into benchmarks/results/. The device's copy of the tree held a git
+# directory at the commit the session started from (2026-12-02): prefix the command with
+# DDPROF_COMMIT=<what `git rev-parse HEAD; git diff --quiet HEAD || echo +changes` says here>
+# (required) so that each result file's machine block names the code that ran. Every part needs the
+# nvtx wheel carried (.whl1: the engine imports nvtx; ../shared/nsys/README.md), part 5 .devlibs too.
+# Limits: 220-580 s per part, 2,340 s for all five, more than one session's 30 device-minutes:
+# take part 1 and the parts whose code changed first.
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)
@@ -11,9 +15,10 @@
 #   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
 #   bash benchmarks/gpu_verify.sh OUT 5   # both numerics served under nsys, as part 4's A/B serves them
 #
-# Part 5 needs .devlibs carried (../shared/nsys/README.md). It runs nsys itself, with the flags
-# `ddprof capture` uses on a GPU, because ddprof's polars wheels do not fit beside the tree in one
-# call's carry; `ddprof compare A B` here reads the two exports (per-stage GPU time per step).
+# Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
+# session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
+# carry; it fails where nsys wrote no report or no export. `ddprof compare vendor invariant` here
+# reads the two exports (per-stage GPU time per step).
 #
 # Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py
 # (part 2's lines for the first five shapes, part 3's for the other five); commit their files under
@@ -25,7 +30,7 @@
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-5)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
-  echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is): the device's git directory is the session's first commit, so results would name the wrong one" >&2
+  echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
 fi
 tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py"
@@ -47,14 +52,19 @@ case $part in
      tail -2 "$out/batch_invariant_ab.log" ;;
   5) nsys_host=/opt/nvidia/nsight-compute/2025.3.1/host
      export LD_LIBRARY_PATH=$PWD/.devlibs:$nsys_host/linux-desktop-glibc_2_11_3-x64:${LD_LIBRARY_PATH:-}
-     for numerics in batch-invariant no-batch-invariant; do
+     for numerics in invariant vendor; do
+       flag=$([ "$numerics" = invariant ] && echo --batch-invariant || echo --no-batch-invariant)
+       report=/tmp/k2-layer-b16-c32-gpu-$numerics
        timeout 120 $nsys_host/target-linux-x64/nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none \
-         --cpuctxsw=none --wait=primary -f true -o "/tmp/$numerics" python3 -m engine serve --workload chat \
+         --cpuctxsw=none --wait=primary -f true -o "$report" python3 -m engine serve --workload chat \
          --concurrency 32 --model k2-layer --builder gpu --budget 16 --device cuda --requests 64 --max-new-tokens 48 \
-         "--$numerics" --summary "$out/$numerics.json" > "$out/$numerics.log" 2>&1
-       timeout 60 $nsys_host/target-linux-x64/nsys export --type sqlite -q true -f true -o "/tmp/$numerics.sqlite" \
-         "/tmp/$numerics.nsys-rep" > /dev/null 2>&1
-       gzip -c "/tmp/$numerics.sqlite" > "$out/k2-layer-b16-c32-gpu-$numerics.sqlite.gz"
+         "$flag" --summary "$out/$numerics.json" > "$out/$numerics.log" 2>&1
+       timeout 60 $nsys_host/target-linux-x64/nsys export --type sqlite -q true -f true -o "$report.sqlite" \
+         "$report.nsys-rep" > /dev/null 2>&1
+       if [ ! -s "$report.sqlite" ]; then
+         echo "benchmarks/gpu_verify.sh: nsys wrote no export for $numerics ($out/$numerics.log)" >&2; exit 1
+       fi
+       gzip -c "$report.sqlite" > "$out/${report#/tmp/}.sqlite.gz"
      done ;;
   *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 5, not $part" >&2; exit 2 ;;
 esac

@@ -27,9 +27,9 @@ def cpu_model() -> str:
 
 
 def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
-    """The commit the benchmark's code is: DDPROF_COMMIT where set (the device's copy of the tree
-    carries a git directory of an earlier commit, the session's first, with the later ones as
-    uncommitted changes: its HEAD would name the wrong commit; benchmarks/gpu_verify.sh requires the
+    """The commit the benchmark's code is: DDPROF_COMMIT where set (on 2026-12-02 the device's copy
+    of the tree held a git directory at the commit the session started from, later commits showing
+    as uncommitted changes, so its HEAD named the wrong commit; benchmarks/gpu_verify.sh requires the
     variable); else git's HEAD where `root` (the project) is a git checkout's top, with "+changes"
     where tracked files differ from it; else None."""
     if os.environ.get("DDPROF_COMMIT"):

@@ -154,7 +154,7 @@ def allocator_counts(device: str) -> dict[str, int]:
     if device != "cuda":
         return {}
     stats = torch.cuda.memory_stats()
-    return {name: stats.get(name, 0) for name in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+    return {name: stats[name] for name in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
 
 
 def paired_rounds(run: Callable[[str], dict], variants: tuple[str, str], rounds: int, field: str

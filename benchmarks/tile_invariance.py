@@ -11,15 +11,17 @@ stay batch-invariant; where not, that part must stay fixed by (N, K) (issue 29).
 (benchmarks/block_m_invariance.py, to commit 424f9b2) varied BLOCK_M and the warps only: identical
 at all ten shapes (benchmarks/results/block_m_invariance.json).
 
-For each shape: the shape's tiling (`base_tiles`) on 1,088 random rows is the reference; the
-tiling itself (the control: any difference there is M-dependence, a bug) and each variant (every
-blocking the tuner can pick: the warps, the stages, the launch pairs it tries, and BLOCK_M in 16,
-32, 64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair) compute every M of the decode
-range, as do TMA loads (`Tiles.tma`) with each launch pair, and the table counts their
-rows bit-identical to the reference's and the largest difference. Rows are compared as the fp32
+For each shape: the shape's tiling (`base_tiles`) on max(ROWS) = 4,096 random rows is the
+reference; the tiling itself (the control: any difference there is M-dependence, a bug) and each
+variant (`variants`: the warps, the stages, the launch pairs the tuner tries, BLOCK_M in 16, 32,
+64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair, a split tiling's chunks summed in the
+program, TMA loads) compute every M of the tuner's table (the decode range and a batched prefill's
+4,096), and the table counts their rows bit-identical to the reference's and the largest
+difference. Rows are compared as the fp32
 accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
 flip a bf16 output only rarely. The verdict is "identical", "differs" or "incomplete" (a variant
-that could not run), overall and per field varied. No timings; about 3-5 minutes on the H200.
+that could not run), overall and per field varied. No timings; under a minute on the H200 at the
+decode range (2026-12-02), longer with the 4,096 rows.
 
     python3 benchmarks/tile_invariance.py [--out benchmarks/results/tile_invariance.json]
 """
@@ -42,12 +44,13 @@ WARPS, STAGES = (4, 8), (3, 4)
 
 
 def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
-    """(what changed, tiling): the shape's tiling itself first (the control), then every blocking
-    `--tune-blocking` can pick from it: the warps alone, the stages alone, each launch pair
-    (warps, stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, and TMA loads with
-    each launch pair and each BLOCK_M, and for a split tiling its chunks summed in the program with
-    each launch pair; each tiling once, labelled by the first field in that order that it changes.
-    TMA comes late: a kernel that faults poisons the CUDA context for what follows."""
+    """(what changed, tiling): the shape's tiling itself first (the control), then each blocking
+    field `--tune-blocking` varies, one at a time from the base (the tuner also combines them; its
+    own bit-for-bit check covers those): the warps alone, the stages alone, each launch pair (warps,
+    stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
+    summed in the program with each launch pair, and TMA loads with each launch pair and each
+    BLOCK_M; each tiling once, labelled by the first field in that order that it changes. TMA comes
+    last: a kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
     changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]
@@ -55,12 +58,12 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("block_n", tiles._replace(block_n=block_n, num_warps=warps, num_stages=stages))
                 for block_n, warps, stages in COLUMN_BLOCKINGS]
-    changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
-    changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
-                for block_m, warps, stages in ROW_BLOCKINGS]
     if tiles.split_k > 1:
         changed += [("split_in_program", tiles._replace(num_warps=warps, num_stages=stages, split_in_program=True))
                     for warps, stages in LAUNCHES]
+    changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
+    changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
+                for block_m, warps, stages in ROW_BLOCKINGS]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

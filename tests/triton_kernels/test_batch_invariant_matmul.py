@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import triton_kernels.batch_invariant_matmul as gemm
 from benchmarks.batch_invariant_matmul import blocking_picks
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, batch_invariant_linear,
                                                    batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
@@ -121,14 +122,31 @@ def test_split_k_matches_float64(seed, split_k, m, n, k):
     assert relative_error(batch_invariant_linear(x, w, split_tiles(split_k)), x.double() @ w.double().T) < 1e-5
 
 
+class RecordingKernel:
+    """The GEMM kernel, launched as it is, with each launch's constexprs kept."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 @pytest.mark.parametrize("split_k", [1, 3])
-def test_tf32x3_products_match_float64(split_k):
-    """The router's tensor-core float32 products (Tiles.fp32_dot; the interpreter runs them exactly,
-    the `gpu` router test on the hardware)."""
+def test_a_tiling_s_float32_products_reach_the_kernel_and_match_float64(split_k, monkeypatch):
+    """Tiles.fp32_dot is what a float32 launch asks of tl.dot (the router's TF32x3; the interpreter
+    runs every precision exactly, the `gpu` router test the hardware's); 16-bit inputs ask nothing."""
+    kernel = RecordingKernel(gemm._matmul_kernel)
+    monkeypatch.setattr(gemm, "_matmul_kernel", kernel)
     gen = torch.Generator().manual_seed(split_k)
-    x, w = random((37, 130), torch.float32, gen), random((40, 130), torch.float32, gen, 130 ** -0.5)
     tiles = split_tiles(split_k)._replace(fp32_dot="tf32x3")
-    assert relative_error(batch_invariant_linear(x, w, tiles), x.double() @ w.double().T) < 1e-5
+    for dtype, asked, tolerance in ((torch.float32, "tf32x3", 1e-5), (torch.float16, None, 2e-3)):
+        x, w = random((37, 130), dtype, gen), random((40, 130), dtype, gen, 130 ** -0.5)
+        assert relative_error(batch_invariant_linear(x, w, tiles), x.double() @ w.double().T) < tolerance
+        assert kernel.launches[-1]["FP32_DOT"] == asked
 
 
 def test_split_count_comes_from_k_alone_and_leaves_no_chunk_empty():
@@ -252,11 +270,17 @@ from triton.compiler import ASTSource
 from triton_kernels.batch_invariant_matmul import _matmul_kernel
 dtype, tma, chunks, fp32_dot = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4]
 operand = (lambda rows: f"tensordesc<{dtype}[1,{rows},64]>") if tma else (lambda rows: f"*{dtype}")
-ints = "M N K batches k_chunk stride_xb stride_xm stride_xk stride_wb stride_wn stride_wk stride_os stride_ob stride_om stride_on"
-constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot, TMA=tma, CHUNKS=chunks)
-signature = {"x_ptr": operand(64), "w_ptr": operand(128), "out_ptr": "*fp32", **dict.fromkeys(ints.split(), "i32"),
+# As a launch specializes them: the unit strides (K-major operands, a row-major output) as the
+# constant 1, pointers and the other sizes and strides as multiples of 16 (what pipelines the loads).
+ones = dict.fromkeys(["stride_xk", "stride_wk", "stride_on"], 1)
+ints = "M N K batches k_chunk stride_xb stride_xm stride_wb stride_wn stride_os stride_ob stride_om".split()
+constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot, TMA=tma,
+                 CHUNKS=chunks, **ones)
+signature = {"x_ptr": operand(64), "w_ptr": operand(128), "out_ptr": "*fp32", **dict.fromkeys(ints, "i32"),
              **dict.fromkeys(constants, "constexpr")}
-triton.compile(ASTSource(_matmul_kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+aligned = ["out_ptr", *ints[1:]] + ([] if tma else ["x_ptr", "w_ptr"])  # M: do_not_specialize
+attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+triton.compile(ASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4, "num_stages": 4})
 """
 
