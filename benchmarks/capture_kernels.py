@@ -1,14 +1,16 @@
 """Which kernels make up a difference in GPU time between two captures of the same serving run.
 
 `ddprof compare A B` says how much GPU time each stage gained or lost per decode step; this names
-the kernels. Per stage: each kernel's launches and GPU ms per step in A and B, largest differences
-first (a kernel belongs to the stage ddprof.attribution gives it: the innermost stage range its
-launch lies in, a graph node's launch being its cudaGraphLaunch). For the prefills between the
-first step's start and the last step's end (graph recordings and warm-up left out): the kernels'
-GPU ms and the runtime calls per prefill, the host side of an eager prefill. The numbers are the
-captures' own; under nsys each CUDA call costs more than without it.
+the kernels. Per stage: each kernel's launches and GPU ms per step in A and B, every kernel in the
+result file, largest differences first (`--top` of them printed). A kernel belongs to the stage
+ddprof.attribution gives it: the innermost stage range its launch lies in, a graph node's launch
+being its cudaGraphLaunch. Kernels only: `ddprof compare`'s GPU time also holds a stage's copies
+and memsets. For every prefill range the capture holds (a `benchmarks/gpu_verify.sh` part 5
+capture serves once: all of its prefills): host ms, the part inside CUDA runtime calls, the
+kernels' GPU ms and the runtime calls by API, per prefill: the host side of an eager prefill. The
+numbers are the captures' own; under nsys each CUDA call costs more than without it.
 
-    python benchmarks/capture_kernels.py A.sqlite B.sqlite [--top 12] [--out benchmarks/results/capture_kernels.json]
+    python benchmarks/capture_kernels.py A.sqlite B.sqlite [--by-grid] [--top 12] [--out benchmarks/results/capture_kernels.json]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import RESULTS, source_commit, write_result  # noqa: E402
-from ddprof.attribution import attribute  # noqa: E402
+from ddprof.attribution import Attribution, attribute  # noqa: E402
 from ddprof.errors import DdprofError  # noqa: E402
 from ddprof.export_db import ExportDb, resolve_export  # noqa: E402
 from ddprof.load import Trace, load  # noqa: E402
@@ -38,36 +40,42 @@ def with_grids(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
     with ExportDb(resolve_export(trace.source)) as db:
         grids = db.table_frame("CUPTI_ACTIVITY_KIND_KERNEL", {"start": "start", "correlation_id": "correlationId",
                                                                "x": "gridX", "y": "gridY", "z": "gridZ"}).result()
-    grids = grids.unique(["start", "correlation_id"], keep="first")
+    if grids.select("start", "correlation_id").is_duplicated().any():
+        raise DdprofError(f"{trace.source}: two kernels share a start and a correlation id, so their grids "
+                          "cannot be told apart: run without --by-grid")
     named = ops.join(grids, on=["start", "correlation_id"], how="left")
+    if named["x"].null_count():
+        raise DdprofError(f"{trace.source}: {named['x'].null_count()} kernels have no row in the export's kernel "
+                          "table to read a grid from: run without --by-grid")
     return named.with_columns(name=pl.format("{} [{},{},{}]", "name", "x", "y", "z")).drop("x", "y", "z")
 
 
-def stage_kernels(trace: Trace, by_grid: bool = False) -> tuple[int, pl.DataFrame]:
-    """(decode steps, per stage and kernel name, or name and grid: launches and GPU ns over all steps)."""
-    attribution = attribute(trace)
+def stage_kernels(trace: Trace, attribution: Attribution, by_grid: bool = False) -> pl.DataFrame:
+    """Per stage and kernel name, or name and grid: launches and GPU ns over all decode steps."""
     kernels = attribution.gpu_ops.filter((pl.col("kind") == "kernel") & pl.col("step_id").is_not_null()
                                          & pl.col("stage").is_in(STAGES))
     kernels = with_grids(trace, kernels) if by_grid else kernels
-    table = kernels.group_by("stage", "name").agg(count=pl.len(), ns=(pl.col("end") - pl.col("start")).sum())
-    return attribution.steps.height, table
+    return kernels.group_by("stage", "name").agg(count=pl.len(), ns=(pl.col("end") - pl.col("start")).sum())
 
 
-def prefills(trace: Trace, steps: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The engine's prefill ranges inside the decode loop's span (first step start to last step end)."""
-    steps = steps if steps is not None else attribute(trace).steps
-    ranges = trace.flat_ranges.filter((pl.col("name") == PREFILL) & (pl.col("domain") == DOMAIN))
-    return ranges.filter((pl.col("start") >= steps["start"].min()) & (pl.col("end") <= steps["end"].max()))
+def prefills(trace: Trace) -> pl.DataFrame:
+    """The engine's prefill ranges."""
+    return trace.flat_ranges.filter((pl.col("name") == PREFILL) & (pl.col("domain") == DOMAIN))
 
 
 def inside(ranges: pl.DataFrame, events: pl.DataFrame, at: str, thread: str) -> pl.DataFrame:
-    """The events whose time `at` on thread `thread` (same process) falls inside one of `ranges`
-    (which do not overlap on a thread)."""
+    """The events whose time `at` on thread `thread` (same process) falls inside one of `ranges`,
+    [start, end) as everywhere in ddprof. Ranges that overlap on a thread are refused (nesting
+    would need ddprof.intervals' innermost cover; prefills never nest)."""
     spans = ranges.select("pid", "tid", span_start="start", span_end="end").sort("pid", "tid", "span_start")
+    overlapping = spans.filter((pl.col("span_start") < pl.col("span_end").shift(1).over("pid", "tid")))
+    if overlapping.height:
+        raise DdprofError(f"{overlapping.height} ranges overlap others on their thread: events cannot be "
+                          "placed in one of them")
     placed = events.filter(pl.col(at).is_not_null()).sort("pid", thread, at).join_asof(
         spans, left_on=at, right_on="span_start", by_left=["pid", thread], by_right=["pid", "tid"],
         strategy="backward", check_sortedness=False)  # both sorted by (process, thread, time) above
-    return placed.filter(pl.col(at) <= pl.col("span_end"))
+    return placed.filter(pl.col(at) < pl.col("span_end"))
 
 
 def prefill_side(trace: Trace, ranges: pl.DataFrame) -> dict:
@@ -79,6 +87,7 @@ def prefill_side(trace: Trace, ranges: pl.DataFrame) -> dict:
               .sort("ns", descending=True))
     return {"prefills": ranges.height,
             "host_ms_per_prefill": float((ranges["end"] - ranges["start"]).sum()) / count / _NS_PER_MS,
+            "in_calls_ms_per_prefill": float((calls["end"] - calls["start"]).sum()) / count / _NS_PER_MS,
             "kernel_gpu_ms_per_prefill": float((kernels["end"] - kernels["start"]).sum()) / count / _NS_PER_MS,
             "kernels_per_prefill": kernels.height / count,
             "runtime_calls": [{"api": row["api"], "per_prefill": row["count"] / count,
@@ -86,6 +95,7 @@ def prefill_side(trace: Trace, ranges: pl.DataFrame) -> dict:
 
 
 def side_by_side(a: tuple[int, pl.DataFrame], b: tuple[int, pl.DataFrame]) -> pl.DataFrame:
+    """a, b: (decode steps, stage_kernels' table)."""
     """Per stage and kernel: launches and GPU ms per step in A and B, and B - A."""
     def per_step(side: tuple[int, pl.DataFrame], tag: str) -> pl.DataFrame:
         steps, table = side
@@ -96,17 +106,26 @@ def side_by_side(a: tuple[int, pl.DataFrame], b: tuple[int, pl.DataFrame]) -> pl
     return joined.with_columns(delta_ms_per_step=pl.col("b_ms_per_step") - pl.col("a_ms_per_step"))
 
 
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="the baseline capture (.sqlite export)")
     parser.add_argument("b", type=Path, help="the capture compared with it")
-    parser.add_argument("--top", type=int, default=12, help="kernels per stage, largest |difference| first")
+    parser.add_argument("--top", type=at_least_one, default=12, help="kernels printed per stage, largest |difference| first")
     parser.add_argument("--by-grid", action="store_true", help="tell a kernel's launches apart by their grid")
     parser.add_argument("--out", type=Path, default=RESULTS / "capture_kernels.json")
     args = parser.parse_args()
     try:
         traces = [load(path) for path in (args.a, args.b)]
-        kernels = [stage_kernels(trace, args.by_grid) for trace in traces]
+        attributions = [attribute(trace) for trace in traces]
+        kernels = [(attribution.steps.height, stage_kernels(trace, attribution, args.by_grid))
+                   for trace, attribution in zip(traces, attributions)]
         sides = [prefill_side(trace, prefills(trace)) for trace in traces]
     except DdprofError as error:
         print(f"benchmarks/capture_kernels.py: {error}", file=sys.stderr)
@@ -118,17 +137,20 @@ def main() -> None:
         if rows.height == 0:
             continue
         stages[stage] = {"a_ms_per_step": rows["a_ms_per_step"].sum(), "b_ms_per_step": rows["b_ms_per_step"].sum(),
-                         "kernels": rows.head(args.top).drop("stage").to_dicts()}
-        print(f"{stage}: GPU ms per step {stages[stage]['a_ms_per_step']:.3f} -> {stages[stage]['b_ms_per_step']:.3f}")
-        for row in stages[stage]["kernels"]:
+                         "kernels": rows.drop("stage").to_dicts()}
+        print(f"{stage}: GPU ms per step {stages[stage]['a_ms_per_step']:.3f} -> {stages[stage]['b_ms_per_step']:.3f}"
+              f" ({rows.height} kernels, the {min(args.top, rows.height)} that moved most:)")
+        for row in stages[stage]["kernels"][:args.top]:
             print(f"  {row['name'][:56]:56} {row['a_per_step']:7.2f} {row['b_per_step']:7.2f} launches/step "
                   f"{row['a_ms_per_step']:8.3f} {row['b_ms_per_step']:8.3f} ms/step ({row['delta_ms_per_step']:+.3f})")
     for tag, side in zip("ab", sides):
-        print(f"prefills, {tag}: {side['prefills']}, host {side['host_ms_per_prefill']:.2f} ms and kernels "
+        print(f"prefills, {tag}: {side['prefills']}, host {side['host_ms_per_prefill']:.2f} ms "
+              f"({side['in_calls_ms_per_prefill']:.2f} in CUDA calls) and kernels "
               f"{side['kernel_gpu_ms_per_prefill']:.2f} GPU ms each, {side['kernels_per_prefill']:.0f} kernels; "
               "calls: " + ", ".join(f"{c['api']} {c['per_prefill']:.0f} ({c['ms_per_prefill']:.2f} ms)"
                                    for c in side["runtime_calls"][:4]))
     write_result(args.out, {"benchmark": "capture_kernels", "analysed_at_commit": source_commit(), "by_grid": args.by_grid,
+                            "command": sys.argv[1:],
                             "a": {"source": str(args.a), "steps": kernels[0][0], "prefill": sides[0]},
                             "b": {"source": str(args.b), "steps": kernels[1][0], "prefill": sides[1]},
                             "stages": stages})

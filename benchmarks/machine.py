@@ -8,9 +8,6 @@ import platform
 import subprocess
 from pathlib import Path
 
-import torch
-import triton
-
 from ddprof.atomic import atomic_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,6 +46,9 @@ def source_commit(root: Path = RESULTS.parents[1]) -> str | None:
 
 
 def describe() -> dict:
+    import torch  # here: a result written by a trace reader (capture_kernels.py) needs no torch
+    import triton
+
     gpu = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {
         "commit": source_commit(),
