@@ -97,8 +97,8 @@ TUNED: dict[tuple[int, int], Tiles] = {
 # float32 tilings, (N, K) -> Tiles, picked by the same `--tune` (its "dtype": "float32" entries):
 # the router, 384 experts over hidden 7168, whose scores stay float32 as the reference keeps them.
 # Unsplit, with IEEE products on CUDA cores, its 32 x 32 tiles made only 12 x cdiv(M, 32) programs,
-# each over all of K: about 435 us per launch at M = 257-288 on the H200 in a k2-layer serving
-# capture, 0.87 ms per verify step against cuBLAS's 0.06
+# each over all of K: 432-440 us per launch at every M up to 288 on the H200 in a k2-layer serving
+# capture, 0.87 ms per verify step against cuBLAS's 0.08
 # (benchmarks/results/capture_kernels_k2_b8_c32_ieee_router.json); IEEE dots stayed at 1.8-6.1x
 # cuBLAS's time at best, split 14 ways (benchmarks/results/batch_invariant_matmul_tuning_router.json).
 TUNED_FP32: dict[tuple[int, int], Tiles] = {
