@@ -1,9 +1,9 @@
 """The batch-invariant GEMM against cuBLAS (`F.linear`) at Kimi K2's projection shapes, decode to prefill M.
 
 For each shape (N, K) and M in 1, 8, 17, 64, 136, 544, 1,088 (bs x (1 + budget) of the serving runs)
-and 4,096 (a batched prefill's rows at the default --prefill-tokens) both run on the same inputs: GPU time per call with a cold L2 and no host launch cost (median
-CUDA-graph replays of [flush the L2, call] minus [flush] alone, as benchmarks/verify_attention.py
-measures), TFLOP/s, and the fraction of the copy bandwidth measured in the same run (bytes: the
+and 4,096 (a batched prefill's rows at the default --prefill-tokens) both run on the same inputs:
+GPU time per call with a cold L2 and no host launch cost (median CUDA-graph replays of [flush the
+L2, call] minus [flush] alone, as benchmarks/verify_attention.py measures), TFLOP/s, and the fraction of the copy bandwidth measured in the same run (bytes: the
 weight, x and the output once; what bounds the decode range). Goal (issue 29): within 1.15x of
 cuBLAS from M = 17 up, within 1.3x below.
 

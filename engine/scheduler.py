@@ -50,8 +50,9 @@ class ServeResult:
     # their GPU work (overlapped: the step before's, while its own runs); what serving spends on
     # prefills and bookkeeping is the rest of the wall.
     step_s: float = 0.0
-    # Host seconds inside the prefills (admit_many): launches only where the first tokens stay on
-    # the device (the graphed static step), else also the wait for them.
+    # Host seconds inside the prefills (admit_many): the host's own work (the model's Python and its
+    # launches) where the first tokens stay on the device (the graphed static step), else also the
+    # wait for them.
     prefill_s: float = 0.0
 
     @property
