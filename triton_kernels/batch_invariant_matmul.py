@@ -43,6 +43,7 @@ CPU path keeps its row-by-row products (engine.model.linear).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -252,6 +253,22 @@ def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     return per_chunk * block_k, max(1, triton.cdiv(blocks, per_chunk))
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
+    """How _launch runs an [m, k] x [k, n] product: the tiling (`tiles`, else tiles_for's), the K
+    chunks, whether their partials go through the workspace, the (M, N) programs and the kernel's
+    options. Cached: a function of constants (TUNED, BLOCKING_BY_M), and an eager prefill asks for
+    the same few shapes thousands of times (benchmarks/results/prefill_host_k2_c32.json, profiled: 23 of
+    the invariant linears' 288 ms went to with_blocking's lookups, 1,392 calls in one serve)."""
+    t = tiles or tiles_for(n, k, dtype, m)
+    chunk, splits = k_chunks(k, t.block_k, t.split_k)
+    workspace = splits > 1 and not t.split_in_program
+    options = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                   FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma,
+                   CHUNKS=1 if workspace else splits, num_warps=t.num_warps, num_stages=t.num_stages)
+    return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n)), options
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | None) -> None:
     """x [B, M, K], w [B, N, K], out [B, M, N] (any strides). With more than one K chunk the partials
     go to a workspace [S, B, M, N] (fp32, from the caching allocator: no host sync, CUDA graphs
@@ -261,17 +278,14 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     fewer programs: for an M that fills the GPU anyway)."""
     batch, m, k = x.shape
     n = w.shape[1]
-    t = tiles or tiles_for(n, k, x.dtype, m)
     if m == 0 or n == 0:
         return
-    chunk, splits = k_chunks(k, t.block_k, t.split_k)
-    workspace = splits > 1 and not t.split_in_program
+    t, chunk, splits, workspace, programs, options = _plan(n, k, m, x.dtype, tiles)
     partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device) if workspace else out[None]
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), (splits if workspace else 1) * batch)
+    grid = (*programs, (splits if workspace else 1) * batch)
     x_arg, w_arg = (_descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)) if t.tma else (x, w)
     _matmul_kernel[grid](x_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
-                         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, FP32_DOT=t.fp32_dot if x.dtype == torch.float32 else None,
-                         TMA=t.tma, CHUNKS=1 if workspace else splits, num_warps=t.num_warps, num_stages=t.num_stages)
+                         **options)
     if workspace:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],
