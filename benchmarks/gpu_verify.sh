@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batch-invariant GEMM's next GPU session, one device call per part (10 minutes each; every step
+# The batch-invariant GEMM's GPU session, one device call per part (10 minutes each; every step
 # has its own time limit, and a step that runs out leaves the others running). Results go under OUT,
 # a file per run; join them back into benchmarks/results/. The device's copy of the tree held a git
 # directory at the commit the session started from (2026-12-02): prefix the command with
@@ -24,9 +24,8 @@
 # (part 2's lines for the first five shapes, part 3's for the other five); commit their files under
 # the next free numbers, benchmarks/results/batch_invariant_matmul_blocking_tuning_N.json (a test
 # requires BLOCKING_BY_M to equal the picks of those files, later over earlier). Runs: 2026-12-01
-# (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3); next,
-# with M = 4,096 and the chunks of a split tiling summed in one program (README "Batch-invariant
-# numerics").
+# (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3; then
+# M = 4,096 and split_in_program: _4 and _5).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-5)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then

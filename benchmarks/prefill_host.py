@@ -23,6 +23,7 @@ import cProfile
 import pstats
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -34,18 +35,15 @@ from benchmarks.batch_invariant_ab import INVARIANT, VENDOR, numerics  # noqa: E
 from benchmarks.serving_ab import Workload, checked_arguments, run_ab, workload_arguments, write_result  # noqa: E402
 
 
+@contextmanager
 def wrapped_admissions(engine, around: Callable[[Callable[[], None]], None]):
-    """A context in which engine.admit_many runs as around(the call)."""
-
-    class Wrapped:
-        def __enter__(self):
-            admit = engine.admit_many
-            engine.admit_many = lambda admissions: around(lambda: admit(admissions))
-
-        def __exit__(self, *exc):
-            del engine.admit_many  # back to the class's method
-
-    return Wrapped()
+    """Inside the block engine.admit_many runs as around(the call)."""
+    admit = engine.admit_many
+    engine.admit_many = lambda admissions: around(lambda: admit(admissions))
+    try:
+        yield
+    finally:
+        del engine.admit_many  # back to the class's method
 
 
 def synced_prefill_s(workload: Workload, engine, variant: str) -> float:

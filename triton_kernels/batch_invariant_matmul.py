@@ -258,8 +258,9 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     """How _launch runs an [m, k] x [k, n] product: the tiling (`tiles`, else tiles_for's), the K
     chunks, whether their partials go through the workspace, the (M, N) programs and the kernel's
     options. Cached: a function of constants (TUNED, BLOCKING_BY_M), and an eager prefill asks for
-    the same few shapes thousands of times (benchmarks/results/prefill_host_k2_c32.json, profiled: 23 of
-    the invariant linears' 288 ms went to with_blocking's lookups, 1,392 calls in one serve)."""
+    the same few shapes thousands of times (benchmarks/prefill_host.py, profiled before the cache:
+    23 of the invariant linears' 288 ms went to with_blocking's lookups, 1,392 calls in one serve;
+    README "Batch-invariant numerics")."""
     t = tiles or tiles_for(n, k, dtype, m)
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
