@@ -27,8 +27,11 @@ shape's tiling per M: at each M of the table, the fastest blocking whose output 
 to the base tiling's on the same rows (one that is not is recorded as "not_invariant" and never
 picked), searched in passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (ROW_BLOCKINGS),
 then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS), then the best so far
-with its tiles loaded by the TMA (`tma`), with each launch pair, and for a split tiling the best so
-far with each program summing its own chunks (`split_in_program`: no workspace), with each pair.
+with its tiles loaded by the TMA (`tma`), with each launch pair, for a split tiling the best so
+far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
+and last the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
+pair, where it leaves fewer padded rows than the best's row tile (M = 136: 128 + 16 computes 144
+rows, 64 three times 192).
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
 paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
@@ -100,6 +103,13 @@ SPLIT_CANDIDATES = [Tiles(64, block_n, block_k, warps, stages, split_k)
 LAUNCHES = ((4, 4), (8, 3))
 ROW_BLOCKINGS = [(block_m, warps, stages) for block_m in (16, 32, 64, 128) for warps, stages in LAUNCHES]
 COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) for warps, stages in LAUNCHES]
+# Last pass: (BLOCK_M, tail_m), a program's two row tiles (Blocking.tail_m).
+TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
+
+
+def padded_rows(m: int, rows_per_program: int) -> int:
+    """The rows M's programs compute, padding included."""
+    return -(-m // rows_per_program) * rows_per_program
 
 
 def candidates(n: int, k: int, dtype: torch.dtype) -> list[Tiles]:
@@ -121,7 +131,8 @@ def tiles_line(tiles: Tiles) -> str:
     their defaults."""
     named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
              + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else [])
-             + (["split_in_program=True"] if tiles.split_in_program else []))
+             + (["split_in_program=True"] if tiles.split_in_program else [])
+             + ([f"tail_m={tiles.tail_m}"] if tiles.tail_m else []))
     return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
 
 
@@ -157,13 +168,14 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
     return Tiles(**pick["tiles"]), tried
 
 
-def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
+def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
+                  rows: list[int] = ROWS) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
     tiling's bits (the docstring's passes), then consecutive M with the same pick merged; with
     everything tried."""
     reference = batch_invariant_linear(x, w, base)
     tried, picks = [], []
-    for m in ROWS:
+    for m in rows:
         cublas = bench(lambda: F.linear(x[:m], w), rep_ms=TUNE_REP_MS)
         widest = max(16, 1 << (m - 1).bit_length())
         best: dict[Blocking, float | None] = {}  # each blocking tried at this M: its ratio if invariant
@@ -198,6 +210,10 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[tuple[
             so_far = fastest() or blocking_of(base)
             time_each([so_far._replace(num_warps=warps, num_stages=stages, split_in_program=True)
                        for warps, stages in LAUNCHES])
+        so_far = fastest() or blocking_of(base)
+        time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
+                   for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
+                   if padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
@@ -225,6 +241,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "batch_invariant_matmul.json")
     parser.add_argument("--tune", action="store_true", help="pick each shape's tiling first (see the docstring)")
     parser.add_argument("--tune-blocking", action="store_true", help="then pick each shape's blocking per M (the docstring)")
+    parser.add_argument("--rows", help="comma-separated M to tune and time (default: "
+                        + ",".join(map(str, ROWS)) + "; at most the largest): a look at some M only, whose "
+                        "picks are not BLOCKING_BY_M's (not printed to paste)")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
                         + ", ".join(name for name, _, _ in SHAPES + FLOAT32_SHAPES))
     args = parser.parse_args()
@@ -232,15 +251,22 @@ def main() -> None:
     names = args.shapes.split(",") if args.shapes else [name for (name, _, _), _ in every]
     chosen = [(shape, dtype) for shape, dtype in every if shape[0] in names]
     unknown = sorted(set(names) - {name for (name, _, _), _ in chosen})
-    if unknown or not torch.cuda.is_available():
-        problem = f"no shape named {', '.join(map(repr, unknown))}" if unknown else "needs a CUDA GPU (torch sees none)"
+    try:
+        rows_m = [int(m) for m in args.rows.split(",")] if args.rows else ROWS
+        bad_rows = [m for m in rows_m if not 1 <= m <= max(ROWS)]
+    except ValueError:
+        bad_rows = [args.rows]
+    if unknown or bad_rows or not torch.cuda.is_available():
+        problem = (f"no shape named {', '.join(map(repr, unknown))}" if unknown
+                   else f"--rows must be integers 1..{max(ROWS)}, not {', '.join(map(str, bad_rows))}" if bad_rows
+                   else "needs a CUDA GPU (torch sees none)")
         print(f"benchmarks/batch_invariant_matmul.py: {problem}", file=sys.stderr)
         sys.exit(2)
     gen = torch.Generator(device="cuda").manual_seed(0)
     peak = ceilings()
     print(f"ceilings: bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s, copy {peak['copy_gbps']:.0f} GB/s")
     rows, tuned, blocking_tuned = [], {}, {}
-    result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "tuned": tuned,
+    result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "rows_m": rows_m, "tuned": tuned,
               "blocking_tuned": blocking_tuned, "rows": rows}
     print(f"{'shape':>22} {'N':>6} {'K':>6} {'M':>5} {'ours us':>8} {'cuBLAS us':>9} {'x':>5} {'TF/s':>6} {'of BW':>6}")
     for (name, n, k), dtype in chosen:
@@ -262,13 +288,13 @@ def main() -> None:
         elif args.tune_blocking:
             print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
             started = time.perf_counter()
-            ranges, tried = tune_blocking(x, w, tiles)
+            ranges, tried = tune_blocking(x, w, tiles, rows_m)
             blocking_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
                                           "ranges": [{"up_to_m": bound, "blocking": b._asdict()} for bound, b in ranges],
                                           "seconds": time.perf_counter() - started}
             print(f"  {name}: {ranges_line(ranges)} ({blocking_tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)
         full = batch_invariant_linear(x, w, tiles)
-        for m in ROWS:
+        for m in rows_m:
             at_m = with_blocking(tiles, ranges, m)
             ours = bench(lambda: batch_invariant_linear(x[:m], w, at_m)) * 1e3
             vendor = bench(lambda: F.linear(x[:m], w)) * 1e3
@@ -284,7 +310,7 @@ def main() -> None:
         write_result(args.out, result)  # after every shape, so a cut-short run keeps its rows
     if args.tune:
         print_tuned(tuned)
-    if args.tune_blocking:
+    if args.tune_blocking and rows_m == ROWS:
         print_blocking_by_m(result)
 
 
@@ -304,10 +330,11 @@ def print_tuned(tuned: dict) -> None:
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
-    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma and split_in_program named
-    where set."""
+    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma, split_in_program and
+    tail_m named where set."""
     def blocking(b: Blocking) -> str:
-        named = (", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
+        named = ((", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
+                 + (f", tail_m={b.tail_m}" if b.tail_m else ""))
         return f"Blocking({', '.join(map(str, b[:4]))}{named})"
     return "(" + " ".join(f"({bound}, {blocking(b)})," for bound, b in ranges) + ")"
 

@@ -36,7 +36,7 @@ tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_in
 first="q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj"
 second="dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head"
 case $part in
-  1) timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+  1) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"
      timeout 360 python3 benchmarks/tile_invariance.py --out "$out/tile_invariance.json" > "$out/tile_invariance.log" 2>&1
      tail -1 "$out/tile_invariance.log" ;;

@@ -1,6 +1,6 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
-tiling's chunks summed in one program), at Kimi K2's projection shapes in bf16.
+tiling's chunks summed in one program, a second row tile per program), at Kimi K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_invariant_matmul import COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, inputs  # noqa: E402
+from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, TAILED_ROWS,  # noqa: E402
+                                                inputs)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
@@ -48,8 +49,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     field `--tune-blocking` varies, one at a time from the base (the tuner also combines them; its
     own bit-for-bit check covers those): the warps alone, the stages alone, each launch pair (warps,
     stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
-    summed in the program with each launch pair, and TMA loads with each launch pair and each
-    BLOCK_M; each tiling once, labelled by the first field in that order that it changes. TMA comes
+    summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
+    launch pair, and TMA loads with each launch pair, each BLOCK_M and each pair of row tiles; each tiling once, labelled by the first field in that order that it changes. TMA comes
     last: a kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
@@ -61,9 +62,12 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     if tiles.split_k > 1:
         changed += [("split_in_program", tiles._replace(num_warps=warps, num_stages=stages, split_in_program=True))
                     for warps, stages in LAUNCHES]
+    changed += [("tail_m", tiles._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages))
+                for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES]
     changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
+    changed += [("tma", tiles._replace(block_m=block_m, tail_m=tail, tma=True)) for block_m, tail in TAILED_ROWS]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -28,6 +28,12 @@ the GPU the blocking may keep the chunks in one program (`split_in_program`): ea
 accumulated from zero and the chunks' sums added in the same order, the same fp32 operations
 without the workspace (S x M x N floats written and read) or the second launch.
 
+A blocking may give each program a second, smaller row tile (`tail_m`): the BLOCK_M rows and the
+tail_m rows after them, two dots on each weight tile it loads once. Row tiles are powers of two, so
+136 rows (8 requests x (1 + budget 16)) fill 3 tiles of 64 (192 rows' work) or 2 of 128 (256);
+128 + 16 computes 144. A row's K loop is the same in either tile, so its bits are too (the tuner
+checks them like any blocking's).
+
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
 the same dots, so the same bits by construction of the algorithm, and on the H200 the same bits in
@@ -65,6 +71,7 @@ class Tiles(NamedTuple):
     # fixed sequence per element, so as batch-invariant as any fixed tiling).
     fp32_dot: str = "ieee"
     split_in_program: bool = False  # split_k's chunks summed inside each program, no workspace (a blocking)
+    tail_m: int = 0  # rows past BLOCK_M that each program also computes, in a second tile (a blocking)
 
 
 class Blocking(NamedTuple):
@@ -76,6 +83,7 @@ class Blocking(NamedTuple):
     num_stages: int
     tma: bool = False
     split_in_program: bool = False
+    tail_m: int = 0
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -140,7 +148,8 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 
 def blocking_of(tiles: Tiles) -> Blocking:
-    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program)
+    return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
+                    tiles.tail_m)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -158,70 +167,100 @@ def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
 
 
 @triton.jit
-def _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k_chunk,
+def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
-                   TMA: tl.constexpr):
-    """The tile of x[matrix] @ w[matrix]^T from row row0 and column col0 over the K chunk
-    [k_start, k_start + k_chunk), accumulated in fp32 from zero. Every chunk runs the same steps;
-    past K (the last chunk's tail) they load zeros and add 0."""
+                   BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr):
+    """The tiles of x[matrix] @ w[matrix]^T at column col0 over the K chunk [k_start, k_start +
+    k_chunk), accumulated in fp32 from zero: rows row0 .. row0 + BLOCK_M and (TAIL_M > 0) the
+    TAIL_M rows after them, both dots on each weight tile loaded once (TAIL_M = 0: the tail stays
+    zeros, never stored). Every chunk runs the same steps; past K (the last chunk's tail) they load
+    zeros and add 0. xt_ptr: the tail's descriptor (TMA; x_ptr otherwise)."""
+    TAIL: tl.constexpr = TAIL_M if TAIL_M > 0 else 16
     batch = matrix.to(tl.int64)
     rows = row0 + tl.arange(0, BLOCK_M)
+    tail_rows = row0 + BLOCK_M + tl.arange(0, TAIL)
     cols = col0 + tl.arange(0, BLOCK_N)
     k_offset = k_start.to(tl.int64)  # times a stride: a K-major weight's offset can pass 2**31
     k_left = K - k_start
     ks = tl.arange(0, BLOCK_K)
     if not TMA:
         x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
+        xt = x_ptr + batch * stride_xb + tail_rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
         w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_tail = tl.zeros([TAIL, BLOCK_N], dtype=tl.float32)
     for k in range(0, k_chunk, BLOCK_K):
         if TMA:
             a = x_ptr.load([matrix, row0, k_start + k]).reshape(BLOCK_M, BLOCK_K)
             b = w_ptr.load([matrix, col0, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
+            if TAIL_M > 0:
+                a_tail = xt_ptr.load([matrix, row0 + BLOCK_M, k_start + k]).reshape(TAIL, BLOCK_K)
         else:
             k_in = (k + ks) < k_left
             a = tl.load(x, mask=(rows[:, None] < M) & k_in[None, :], other=0.0)
             b = tl.load(w, mask=(cols[None, :] < N) & k_in[:, None], other=0.0)
+            if TAIL_M > 0:
+                a_tail = tl.load(xt, mask=(tail_rows[:, None] < M) & k_in[None, :], other=0.0)
             x += BLOCK_K * stride_xk
+            xt += BLOCK_K * stride_xk
             w += BLOCK_K * stride_wk
         if FP32_DOT is None:  # 16-bit inputs
             acc = tl.dot(a, b, acc)
+            if TAIL_M > 0:
+                acc_tail = tl.dot(a_tail, b, acc_tail)
         else:
             acc = tl.dot(a, b, acc, input_precision=FP32_DOT)
-    return acc
+            if TAIL_M > 0:
+                acc_tail = tl.dot(a_tail, b, acc_tail, input_precision=FP32_DOT)
+    return acc, acc_tail
 
 
-@triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
-                   stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   stride_os, stride_ob, stride_om, stride_on,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
-                   TMA: tl.constexpr, CHUNKS: tl.constexpr):
-    """out[s, b] = x[b] @ w[b]^T over K chunks s * CHUNKS .. s * CHUNKS + CHUNKS - 1, each
-    [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added in that order (axis 2:
-    s * batches + b). CHUNKS = 1: one chunk per program, its partial to a workspace plane s; CHUNKS =
-    the split count: every chunk in one program, the same fp32 operations in the same order as the
-    workspace and _sum_splits_kernel's sum.
-    TMA: x_ptr and w_ptr are tensor descriptors of [B, M, K] and [B, N, K], whose loads fill what lies
-    past M, N or K with zeros, as the masked loads do: the same operands for the same dots."""
-    # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
-    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
-    row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
-    # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
-    acc = _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk, k_chunk,
-                         stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                         BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
-    for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_splits_kernel
-        acc += _chunk_product(x_ptr, w_ptr, matrix, row0, col0, M, N, K, (split * CHUNKS + c) * k_chunk, k_chunk,
-                              stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                              BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
-    rows = row0 + tl.arange(0, BLOCK_M)
+@triton.jit
+def _store_tile(out_ptr, acc, split, matrix, row0, col0, M, N, stride_os, stride_ob, stride_om, stride_on,
+                ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = row0 + tl.arange(0, ROWS)
     cols = col0 + tl.arange(0, BLOCK_N)
     out = (out_ptr + split.to(tl.int64) * stride_os + matrix.to(tl.int64) * stride_ob
            + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on)
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_kernel(x_ptr, xt_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
+                   stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                   stride_os, stride_ob, stride_om, stride_on,
+                   BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr):
+    """out[s, b] = x[b] @ w[b]^T over K chunks s * CHUNKS .. s * CHUNKS + CHUNKS - 1, each
+    [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added in that order (axis 2:
+    s * batches + b). CHUNKS = 1: one chunk per program, its partial to a workspace plane s; CHUNKS =
+    the split count: every chunk in one program, the same fp32 operations in the same order as the
+    workspace and _sum_splits_kernel's sum. A program's rows: BLOCK_M + TAIL_M from
+    pid_m * (BLOCK_M + TAIL_M) (_chunk_product's two tiles).
+    TMA: x_ptr, xt_ptr and w_ptr are tensor descriptors of [B, M, K] (tiles of BLOCK_M and of the
+    tail's rows) and [B, N, K], whose loads fill what lies past M, N or K with zeros, as the masked
+    loads do: the same operands for the same dots."""
+    # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
+    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
+    row0, col0 = pid_m * (BLOCK_M + TAIL_M), pid_n * BLOCK_N
+    # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
+    acc, acc_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk,
+                                   k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
+    for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_splits_kernel
+        more, more_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K,
+                                         (split * CHUNKS + c) * k_chunk, k_chunk, stride_xb, stride_xm, stride_xk,
+                                         stride_wb, stride_wn, stride_wk, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K,
+                                         FP32_DOT, TMA)
+        acc += more
+        acc_tail += more_tail
+    _store_tile(out_ptr, acc, split, matrix, row0, col0, M, N, stride_os, stride_ob, stride_om, stride_on,
+                BLOCK_M, BLOCK_N)
+    if TAIL_M > 0:
+        _store_tile(out_ptr, acc_tail, split, matrix, row0 + BLOCK_M, col0, M, N, stride_os, stride_ob, stride_om,
+                    stride_on, TAIL_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -264,10 +303,10 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     t = tiles or tiles_for(n, k, dtype, m)
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
-    options = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+    options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                    FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma,
                    CHUNKS=1 if workspace else splits, num_warps=t.num_warps, num_stages=t.num_stages)
-    return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n)), options
+    return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m + t.tail_m), triton.cdiv(n, t.block_n)), options
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | None) -> None:
@@ -284,9 +323,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     t, chunk, splits, workspace, programs, options = _plan(n, k, m, x.dtype, tiles)
     partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device) if workspace else out[None]
     grid = (*programs, (splits if workspace else 1) * batch)
-    x_arg, w_arg = (_descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)) if t.tma else (x, w)
-    _matmul_kernel[grid](x_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(), *partials.stride(),
-                         **options)
+    if t.tma:
+        x_arg, w_arg = _descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)
+        xt_arg = _descriptor(x, t.tail_m, t.block_k) if t.tail_m else x_arg
+    else:
+        x_arg, xt_arg, w_arg = x, x, w
+    _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(),
+                         *partials.stride(), **options)
     if workspace:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],

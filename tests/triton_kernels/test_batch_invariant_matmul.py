@@ -211,6 +211,26 @@ def test_chunks_summed_in_the_program_give_the_workspaces_bits(dtype, split_k, m
     assert torch.equal(batch_invariant_per_head(*heads, in_program), batch_invariant_per_head(*heads, tiles))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("split_k, in_program", [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize("m, n, k", [(37, 40, 136), (80, 72, 96), (5, 48, 200)])  # tails full, partial, empty
+def test_a_tail_tile_matches_float64_through_pointers_and_the_tma(dtype, split_k, in_program, m, n, k):
+    """tail_m: each program's second row tile (16 rows after its 32) over the same weight tiles:
+    the float64 product, through pointers or the TMA, linear and per head. The interpreter's
+    BLAS rounds a tile's rows by their place in it, so its bits against the one-tile blocking are
+    the `gpu` tests' (and the tuner's) to check."""
+    gen = torch.Generator().manual_seed(m + n + k + split_k)
+    tiles = split_tiles(split_k)._replace(split_in_program=in_program, tail_m=16)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+    x, w = random((m, k), dtype, gen), random((n, k), dtype, gen, k ** -0.5)
+    want = x.double() @ w.double().T
+    for loads in (tiles, tiles._replace(tma=True)):
+        assert relative_error(batch_invariant_linear(x, w, loads), want) < tolerance
+    heads = random((m, 3, k), dtype, gen), random((3, n, k), dtype, gen, k ** -0.5)
+    want = torch.einsum("mha,hba->mhb", heads[0].double(), heads[1].double())
+    assert relative_error(batch_invariant_per_head(*heads, tiles._replace(tma=True)), want) < tolerance
+
+
 def test_a_tma_tiling_refuses_what_the_tma_cannot_load():
     tiles = split_tiles(1)._replace(tma=True)
     with pytest.raises(ValueError, match="TMA tiling cannot load"):  # rows of 130 floats: not 16-byte aligned
@@ -268,30 +288,32 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton_kernels.batch_invariant_matmul import _matmul_kernel
-dtype, tma, chunks, fp32_dot = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4]
+dtype, tma, chunks, fp32_dot, tail = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 operand = (lambda rows: f"tensordesc<{dtype}[1,{rows},64]>") if tma else (lambda rows: f"*{dtype}")
 # As a launch specializes them: the unit strides (K-major operands, a row-major output) as the
 # constant 1, pointers and the other sizes and strides as multiples of 16 (what pipelines the loads).
 ones = dict.fromkeys(["stride_xk", "stride_wk", "stride_on"], 1)
 ints = "M N K batches k_chunk stride_xb stride_xm stride_wb stride_wn stride_os stride_ob stride_om".split()
-constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot, TMA=tma,
-                 CHUNKS=chunks, **ones)
-signature = {"x_ptr": operand(64), "w_ptr": operand(128), "out_ptr": "*fp32", **dict.fromkeys(ints, "i32"),
-             **dict.fromkeys(constants, "constexpr")}
-aligned = ["out_ptr", *ints[1:]] + ([] if tma else ["x_ptr", "w_ptr"])  # M: do_not_specialize
+constants = dict(BLOCK_M=64, TAIL_M=tail, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot,
+                 TMA=tma, CHUNKS=chunks, **ones)
+signature = {"x_ptr": operand(64), "xt_ptr": operand(tail or 64), "w_ptr": operand(128), "out_ptr": "*fp32",
+             **dict.fromkeys(ints, "i32"), **dict.fromkeys(constants, "constexpr")}
+aligned = ["out_ptr", *ints[1:]] + ([] if tma else ["x_ptr", "xt_ptr", "w_ptr"])  # M: do_not_specialize
 attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 triton.compile(ASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4, "num_stages": 4})
 """
 
 
-@pytest.mark.parametrize("dtype, loads, chunks, fp32_dot", [("bf16", "pointers", 1, "-"), ("bf16", "tma", 4, "-"),
-                                                             ("bf16", "pointers", 4, "-"), ("fp32", "pointers", 4, "tf32x3")])
-def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32_dot):
-    """What the interpreter never lowers (TMA descriptors, the chunk loop, TF32x3 dots) compiled for
-    sm_90 here, in a process of its own (the tests' interpreter mode cannot compile)."""
+@pytest.mark.parametrize("dtype, loads, chunks, fp32_dot, tail", [
+    ("bf16", "pointers", 1, "-", 0), ("bf16", "tma", 4, "-", 0), ("bf16", "pointers", 4, "-", 0),
+    ("fp32", "pointers", 4, "tf32x3", 0), ("bf16", "pointers", 1, "-", 16), ("bf16", "tma", 2, "-", 32)])
+def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32_dot, tail):
+    """What the interpreter never lowers (TMA descriptors, the chunk loop, TF32x3 dots, a tail tile's
+    second dot) compiled for sm_90 here, in a process of its own (the tests' interpreter mode cannot
+    compile)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, loads, str(chunks), fp32_dot],
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, loads, str(chunks), fp32_dot, str(tail)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -340,6 +362,21 @@ def test_router_float32_and_absorbed_heads_are_batch_invariant_on_gpu(fp32_dot):
     for m in DECODE_ROWS:
         assert torch.equal(batch_invariant_linear(x[:m], router, tiles)[0], full[0]), m
         assert torch.equal(batch_invariant_per_head(q[:m], heads)[0], full_q[0]), m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", K2_SHAPES)
+def test_k2_shapes_with_a_tail_tile_keep_the_base_tilings_bits_on_gpu(n, k):
+    """A second row tile per program (tail_m), through the TMA and through pointers: every row at
+    M = 136 (where 128 + 16 saves most) and 1,088 bit-identical to the base tiling's."""
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k + 1)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    base = base_tiles(n, k, torch.bfloat16)
+    full = batch_invariant_linear(x, w, base)
+    for tiles in (base._replace(block_m=128, tail_m=16, tma=True), base._replace(block_m=64, tail_m=32)):
+        for m in (136, 1088):
+            assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m)
 
 
 # Split tilings of the narrow-N, long-K shapes (q_a_proj, kv_a_proj, the shared expert's gate/up,

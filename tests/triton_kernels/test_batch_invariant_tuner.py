@@ -8,7 +8,7 @@ import torch
 
 import benchmarks.batch_invariant_matmul as tuner
 from benchmarks.tile_invariance import variants
-from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of
+from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of, with_blocking
 
 BASE = Tiles(64, 128, 64, 4, 4)
 
@@ -86,7 +86,8 @@ def test_a_split_tiling_also_tries_its_chunks_in_one_program_and_an_unsplit_one_
 
 
 @pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True),
-                                   Tiles(64, 128, 64, 4, 4, split_k=4, split_in_program=True)])
+                                   Tiles(64, 128, 64, 4, 4, split_k=4, split_in_program=True),
+                                   Tiles(128, 128, 64, 8, 3, tma=True, tail_m=16)])
 def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
     assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
     ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
@@ -108,3 +109,20 @@ def test_the_invariance_probe_varies_where_the_chunks_are_summed_for_split_tilin
     assert not any(tiles.split_in_program for _, tiles in variants(BASE))
     split = [tiles for field, tiles in variants(BASE._replace(split_k=4)) if field == "split_in_program"]
     assert len(split) == len(tuner.LAUNCHES) and all(tiles.split_in_program for tiles in split)
+
+
+def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(monkeypatch, inputs):
+    """Time as the rows computed, padding included, plus 8 per program: at M = 136 the row pass
+    keeps 32-row tiles (160 rows, 5 programs), the tail pass finds 128 + 16 (144, one); where the
+    pick fills its row tiles (1, 8, 17, 64, 4,096) no tail is tried at all."""
+    def cost(b, m):
+        rows = b.block_m + b.tail_m
+        return tuner.padded_rows(m, rows) + 8 * tuner.padded_rows(m, rows) // rows
+
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=cost)
+    with_tail = {e["m"] for e in tried if e["blocking"]["tail_m"]}
+    assert 136 in with_tail and not with_tail & {1, 8, 17, 64, 4096}
+    picked = with_blocking(BASE, ranges, 136)
+    assert (picked.block_m, picked.tail_m) == (128, 16)
+    assert all(tuner.padded_rows(136, e["blocking"]["block_m"] + e["blocking"]["tail_m"]) < 160
+               for e in tried if e["m"] == 136 and e["blocking"]["tail_m"])
