@@ -28,7 +28,7 @@ from engine.errors import EngineError
 from engine.generate import load_models
 from engine.model import set_batch_invariant
 from engine.scheduler import serve
-from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, warm_up
+from engine.serve import PROMPT_SPLIT, WEIGHT_SEED, max_rows, warm_up
 from engine.serve_defaults import DEFAULT_PREFILL_TOKENS, PREFILL_TOKENS_HELP
 from engine.tokenizer import load_tokenizer
 from engine.workloads import Request, generate
@@ -117,7 +117,9 @@ class Workload:
                         n_slots=self.args.concurrency, max_len=max_len, device=self.device, nvtx=False,
                         cuda_graphs=cuda_graphs, **options)
         first = self.requests[0]
-        warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens))
+        warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens),
+                max_rows(self.requests, getattr(self.args, "prefill_tokens", DEFAULT_PREFILL_TOKENS),
+                         self.args.concurrency, self.args.budget))
         return engine
 
     def serve(self, engine: Engine, numerics: str = "", prefill_tokens: int | None = None) -> dict:

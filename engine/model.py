@@ -72,6 +72,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def compile_linears(modules, max_rows: int) -> int:
+    """On the GPU with batch invariance on, compile the batch-invariant GEMM's kernels for every M
+    up to max_rows that `linear` may meet with these modules' 2-D weights, one weight per shape
+    (batch_invariant_matmul.compile_blockings): before a measured run, not in its first prefill.
+    Returns the launches run (0 on the CPU or with vendor numerics)."""
+    weights = {(tuple(p.shape), p.dtype, p.device): p for module in modules for p in module.parameters() if p.ndim == 2}
+    if not _batch_invariant or not any(device.type == "cuda" for _, _, device in weights):
+        return 0
+    from triton_kernels.batch_invariant_matmul import compile_blockings
+    with torch.no_grad():
+        return sum(compile_blockings(w, max_rows) for (_, _, device), w in weights.items() if device.type == "cuda")
+
+
 def per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., H, a] times each head's own matrix weight [H, b, a] -> [..., H, b]."""
     if not _batch_invariant:

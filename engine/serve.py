@@ -175,7 +175,8 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
                         temperature=args.temperature, cuda_graphs=args.cuda_graphs, overlap=args.overlap)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
-    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens))
+    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens),
+            max_rows(requests, args.prefill_tokens, engine.cache.n_slots, args.budget))
     engine.nvtx.mark(RANK_MARK, rank)  # which rank this process is, for a report holding several
     progress.start()
     start = time.perf_counter()
@@ -191,12 +192,24 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     return 0
 
 
-def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int) -> None:
-    """Decode one short request before the measured run, with NVTX off.
+def max_rows(requests: list[Request], prefill_tokens: int, n_slots: int, budget: int) -> int:
+    """The most rows one forward of a serve can hold: a batched prefill's prompt tokens (a longer
+    prompt alone), or a verify step's n_slots x (1 + budget)."""
+    return max(prefill_tokens, max(len(r.prompt_tokens) for r in requests), n_slots * (1 + budget))
 
-    The first CUDA calls (cuBLAS handles, Triton's JIT compile of the GPU builder) cost hundreds of
-    ms once; without this they would land in the first step's stages and skew every comparison.
+
+def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int, rows: int = 0) -> None:
+    """Decode one short request before the measured run, with NVTX off, after compiling the
+    batch-invariant GEMM's kernels for every row count up to `rows` (engine.model.compile_linears).
+
+    The first CUDA calls (cuBLAS handles, Triton's JIT compile of the GPU builder and of each GEMM
+    blocking) cost hundreds of ms to seconds once; without this they would land in the first
+    step's or prefill's stages and skew every comparison.
     """
+    from engine.model import compile_linears
+
+    drafter = getattr(engine.decoder, "drafter", None)  # AR decoding has none
+    compile_linears([engine.model] + ([drafter] if drafter is not None else []), rows)
     engine.nvtx.enabled = False
     try:
         engine.admit("warm-up", prompt_tokens, max_new_tokens)

@@ -363,6 +363,24 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles |
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def compile_blockings(weight: torch.Tensor, max_rows: int) -> int:
+    """Run the product by `weight` ([N, K]) once at the first M of each of its BLOCKING_BY_M ranges
+    up to max_rows, on zeros: Triton compiles a kernel per blocking the first time an M picks it
+    (a second or two each), which would otherwise stall whichever prefill or step first has that
+    many rows (a cold process's first batched prefill took 2.49 s against cuBLAS's 0.51: README
+    "Batch-invariant numerics"). Returns the launches run. M is not specialized, and K2's N and K
+    are multiples of 16, so one M per blocking compiles what every M of its range runs."""
+    n, k = weight.shape
+    ranges = BLOCKING_BY_M.get((n, k), ()) if weight.dtype == torch.bfloat16 else ()
+    firsts = {}  # blocking -> the first M that picks it (ranges may repeat a blocking)
+    for m in [1] + [bound + 1 for bound, _ in ranges[:-1]]:
+        if m <= max_rows:
+            firsts.setdefault(blocking_of(tiles_for(n, k, weight.dtype, m)), m)
+    for m in firsts.values():
+        batch_invariant_linear(torch.zeros(m, k, dtype=weight.dtype, device=weight.device), weight)
+    return len(firsts)
+
+
 def batch_invariant_per_head(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | None = None) -> torch.Tensor:
     """x [..., H, a] times each head's matrix weight [H, b, a] -> [..., H, b] (engine.model.per_head)."""
     _check(x, weight, "batch_invariant_per_head")

@@ -420,3 +420,19 @@ def test_split_k_runs_inside_a_cuda_graph_on_gpu():
         graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(got, want) for got, want in zip(captured, eager))
+
+
+@pytest.mark.parametrize("max_rows", [1, 17, 600, 4096, 10_000])
+def test_compiling_the_blockings_runs_each_blocking_an_m_up_to_max_rows_can_pick(max_rows, monkeypatch):
+    """compile_blockings' launches, one per blocking, reach every blocking that tiles_for gives some
+    M <= max_rows (what a later prefill or step would otherwise compile in the middle of a run)."""
+    launched = []
+    monkeypatch.setattr(gemm, "batch_invariant_linear", lambda x, w: launched.append(x.shape[0]))
+    for (n, k), ranges in BLOCKING_BY_M.items():
+        launched.clear()
+        weight = torch.empty(n, k, dtype=torch.bfloat16, device="meta")
+        assert gemm.compile_blockings(weight, max_rows) == len(launched)
+        run = [blocking_of(tiles_for(n, k, torch.bfloat16, m)) for m in launched]
+        reachable = {blocking_of(tiles_for(n, k, torch.bfloat16, m)) for m in range(1, max_rows + 1)}
+        assert len(run) == len(set(run)) and set(run) == reachable and max(launched) <= max_rows, (n, k)
+    assert gemm.compile_blockings(torch.empty(48, 96, device="meta"), max_rows) == 1  # float32: one blocking
