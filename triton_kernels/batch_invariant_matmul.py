@@ -128,10 +128,10 @@ BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (16384, 512): ((1, Blocking(16, 32, 4, 4)), (8, Blocking(16, 64, 4, 4, tma=True)), (17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 8, 3, tma=True)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
     (7168, 8192): ((17, Blocking(64, 32, 4, 4)), (64, Blocking(64, 32, 4, 4, tma=True)), (136, Blocking(128, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (4096, Blocking(128, 128, 8, 3)),),  # o_proj
     (18432, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 64, 4, 4)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 4, 4, tma=True)),),  # dense gate/up
-    (7168, 18432): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 128, 4, 4, tma=True)), (64, Blocking(64, 256, 4, 4, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (4096, Blocking(128, 256, 8, 3)),),  # dense down
-    (2048, 7168): ((17, Blocking(64, 32, 4, 4)), (64, Blocking(32, 32, 4, 4, tma=True)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (4096, Blocking(128, 256, 8, 3, tma=True)),),  # shared expert gate/up
-    (7168, 2048): ((17, Blocking(16, 32, 4, 4)), (64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
-    (163840, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(128, 128, 8, 3)), (64, Blocking(64, 128, 4, 4, tma=True)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 4, 4, tma=True)),),  # lm_head
+    (7168, 18432): ((1, Blocking(64, 128, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 128, 4, 4, tma=True)), (64, Blocking(64, 64, 8, 3, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (1088, Blocking(128, 256, 8, 3, tma=True)), (4096, Blocking(128, 256, 8, 3)),),  # dense down
+    (2048, 7168): ((64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (4096, Blocking(128, 256, 8, 3, tma=True)),),  # shared expert gate/up
+    (7168, 2048): ((1, Blocking(64, 32, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 32, 4, 4)), (64, Blocking(64, 32, 4, 4, tma=True)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
+    (163840, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 128, 4, 4, tail_m=16)), (64, Blocking(64, 128, 4, 4, tma=True)), (136, Blocking(128, 128, 8, 3, tail_m=16)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 4, 4, tma=True)),),  # lm_head
 }
 
 
