@@ -7,7 +7,8 @@ ddprof.attribution gives it: the innermost stage range its launch lies in, a gra
 being its cudaGraphLaunch. Kernels only: `ddprof compare`'s GPU time also holds a stage's copies
 and memsets. For every prefill range the capture holds (a `benchmarks/gpu_verify.sh` part 5
 capture serves once: all of its prefills): host ms, the part inside CUDA runtime calls, the
-kernels' GPU ms and the runtime calls by API, per prefill: the host side of an eager prefill. The
+kernels' GPU ms and the runtime calls by API, per prefill: the host side of an eager prefill; and
+the first prefill's host ms apart from the others' median (a cold process's JIT compiles land there). The
 numbers are the captures' own; under nsys each CUDA call costs more than without it.
 
     python benchmarks/capture_kernels.py A.sqlite B.sqlite [--by-grid] [--top 12] [--out benchmarks/results/capture_kernels.json]
@@ -16,6 +17,7 @@ numbers are the captures' own; under nsys each CUDA call costs more than without
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -85,8 +87,13 @@ def prefill_side(trace: Trace, ranges: pl.DataFrame) -> dict:
     calls = inside(ranges, trace.runtime, "start", "tid")
     by_api = (calls.group_by("api").agg(count=pl.len(), ns=(pl.col("end") - pl.col("start")).sum())
               .sort("ns", descending=True))
+    host_ms = ((ranges.sort("start")["end"] - ranges.sort("start")["start"]) / _NS_PER_MS).to_list()
     return {"prefills": ranges.height,
-            "host_ms_per_prefill": float((ranges["end"] - ranges["start"]).sum()) / count / _NS_PER_MS,
+            "host_ms_per_prefill": sum(host_ms) / count,
+            # A cold process's first prefill holds what the warm-up never compiled (README
+            # "Batch-invariant numerics"): apart from the others.
+            "first_host_ms": host_ms[0] if host_ms else None,
+            "others_median_host_ms": statistics.median(host_ms[1:]) if len(host_ms) > 1 else None,
             "in_calls_ms_per_prefill": float((calls["end"] - calls["start"]).sum()) / count / _NS_PER_MS,
             "kernel_gpu_ms_per_prefill": float((kernels["end"] - kernels["start"]).sum()) / count / _NS_PER_MS,
             "kernels_per_prefill": kernels.height / count,
@@ -145,7 +152,8 @@ def main() -> None:
             print(f"  {row['name'][:56]:56} {row['a_per_step']:7.2f} {row['b_per_step']:7.2f} launches/step "
                   f"{row['a_ms_per_step']:8.3f} {row['b_ms_per_step']:8.3f} ms/step ({row['delta_ms_per_step']:+.3f})")
     for tag, side in zip("ab", sides):
-        print(f"prefills, {tag}: {side['prefills']}, host {side['host_ms_per_prefill']:.2f} ms "
+        first = f", the first {side['first_host_ms']:.1f}" if side["first_host_ms"] is not None else ""
+        print(f"prefills, {tag}: {side['prefills']}{first}, host {side['host_ms_per_prefill']:.2f} ms "
               f"({side['in_calls_ms_per_prefill']:.2f} in CUDA calls) and kernels "
               f"{side['kernel_gpu_ms_per_prefill']:.2f} GPU ms each, {side['kernels_per_prefill']:.0f} kernels; "
               "calls: " + ", ".join(f"{c['api']} {c['per_prefill']:.0f} ({c['ms_per_prefill']:.2f} ms)"

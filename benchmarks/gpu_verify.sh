@@ -46,7 +46,7 @@ case $part in
      tail -20 "$out/blocking_$part.log" ;;
   4) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"
-     timeout 90 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 5 \
+     timeout 150 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 7 \
        --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1
      tail -2 "$out/batch_invariant_ab.log" ;;
   5) nsys_host=/opt/nvidia/nsight-compute/2025.3.1/host
