@@ -1,6 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
-tiling's chunks summed in one program, a second row tile per program), at Kimi K2's projection shapes in bf16.
+tiling's chunks summed in one program, a second row tile per program), at Kimi K2's projection
+shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -50,8 +51,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     own bit-for-bit check covers those): the warps alone, the stages alone, each launch pair (warps,
     stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
     summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
-    launch pair, and TMA loads with each launch pair, each BLOCK_M and each pair of row tiles; each tiling once, labelled by the first field in that order that it changes. TMA comes
-    last: a kernel that faults poisons the CUDA context for what follows."""
+    launch pair, and TMA loads with each launch pair, each BLOCK_M and each pair of row tiles; each
+    tiling once, labelled by the first field in that order that it changes. TMA comes last: a
+    kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
     changed += [("num_stages", tiles._replace(num_stages=stages)) for stages in STAGES]
     changed += [("launch", tiles._replace(num_warps=warps, num_stages=stages)) for warps, stages in LAUNCHES]

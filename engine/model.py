@@ -278,9 +278,9 @@ class MLA(nn.Module):
                           lengths: list[int]) -> torch.Tensor:
         """`decompressed` for several sequences at once: x [sum(lengths), hidden] their rows
         concatenated, positions [sum(lengths)] each one's own, the i-th written to slots[i]. The
-        row-wise projections and norms launch once for all rows (a batched prefill of 3 prompts
-        made 3x the GEMM launches per layer before); only the attention itself, each sequence over
-        itself, runs per sequence. A row's numbers are its sequence's alone wherever `linear` is
+        row-wise projections and norms launch once for all rows (per sequence, a batched prefill
+        of P prompts would launch each of them P times: an eager prefill's host time is its
+        launches); only the attention itself, each sequence over itself, runs per sequence. A row's numbers are its sequence's alone wherever `linear` is
         batch-invariant (the default)."""
         rows = self.latent_rows(x, positions)
         slot_of_row = int64_on([slot for slot, n in zip(slots, lengths) for _ in range(n)], x.device)
