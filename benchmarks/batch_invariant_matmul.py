@@ -29,9 +29,11 @@ picked), searched in passes: BLOCK_M x (warps, stages) at the base's BLOCK_N (RO
 then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS), then the best so far
 with its tiles loaded by the TMA (`tma`), with each launch pair, for a split tiling the best so
 far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
-and last the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
+then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
 pair, where it leaves fewer padded rows than the best's row tile (M = 136: 128 + 16 computes 144
-rows, 64 three times 192).
+rows, 64 three times 192), and last the best so far with a deeper pipeline (DEEP_STAGES at its
+warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
+its bandwidth).
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
 paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
@@ -105,6 +107,7 @@ ROW_BLOCKINGS = [(block_m, warps, stages) for block_m in (16, 32, 64, 128) for w
 COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) for warps, stages in LAUNCHES]
 # Last pass: (BLOCK_M, tail_m), a program's two row tiles (Blocking.tail_m).
 TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
+DEEP_STAGES = (5, 6, 8)  # the very last pass: more stages at the best's warps
 
 
 def padded_rows(m: int, rows_per_program: int) -> int:
@@ -214,6 +217,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
                    for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
                    if padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
+        so_far = fastest() or blocking_of(base)
+        time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "

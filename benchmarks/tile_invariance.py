@@ -42,7 +42,7 @@ from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_B
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
-WARPS, STAGES = (4, 8), (3, 4)
+WARPS, STAGES = (4, 8), (3, 4, 5, 6, 8)
 
 
 def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:

@@ -126,3 +126,11 @@ def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(m
     assert (picked.block_m, picked.tail_m) == (128, 16)
     assert all(tuner.padded_rows(136, e["blocking"]["block_m"] + e["blocking"]["tail_m"]) < 160
                for e in tried if e["m"] == 136 and e["blocking"]["tail_m"])
+
+
+def test_the_last_pass_deepens_the_best_pipeline_at_every_m(monkeypatch, inputs):
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
+                         cost=lambda b, m: 0.5 if b.num_stages == 6 and m <= 64 else 1.0)
+    for m in tuner.ROWS:
+        assert {e["blocking"]["num_stages"] for e in tried if e["m"] == m} >= set(tuner.DEEP_STAGES)
+    assert with_blocking(BASE, ranges, 17).num_stages == 6 and with_blocking(BASE, ranges, 4096).num_stages != 6
