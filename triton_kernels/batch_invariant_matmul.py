@@ -119,18 +119,19 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 # range (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
 # --tune-blocking` (today: its fourth run, which searched BLOCK_M, BLOCK_N, TMA loads, in-program
 # split sums and tail row tiles per M up to 4,096 rows: benchmarks/results/batch_invariant_matmul_blocking_tuning_7.json
-# for the first five shapes, _6.json for the other five; a test checks that they agree). Shapes
+# for the first five shapes, _6.json for the other five; then, with deeper pipelines too, _8.json for
+# q_a_proj, o_proj and the shared expert's down; a test checks that they agree). Shapes
 # missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
-    (1536, 7168): ((64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 256, 8, 3, tma=True)),),  # q_a_proj
+    (1536, 7168): ((17, Blocking(64, 32, 4, 8)), (64, Blocking(64, 32, 4, 8, tma=True)), (136, Blocking(64, 64, 4, 6, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 256, 8, 3, tma=True)),),  # q_a_proj
     (12288, 1536): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 32, 4, 4)), (64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 128, 8, 3, tma=True)), (1088, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # q_b_proj
     (576, 7168): ((136, Blocking(64, 32, 4, 4)), (544, Blocking(64, 64, 4, 4, tma=True)), (1088, Blocking(64, 128, 8, 3, tma=True)), (4096, Blocking(64, 128, 4, 4)),),  # kv_a_proj
     (16384, 512): ((8, Blocking(16, 64, 4, 4)), (17, Blocking(32, 32, 4, 4)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 8, 3, tma=True)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
-    (7168, 8192): ((1, Blocking(64, 32, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 32, 4, 4)), (64, Blocking(64, 32, 4, 4, tma=True)), (136, Blocking(128, 128, 4, 4)), (544, Blocking(64, 128, 4, 4)), (1088, Blocking(128, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3)),),  # o_proj
+    (7168, 8192): ((17, Blocking(16, 32, 4, 8)), (64, Blocking(64, 32, 4, 6, tma=True)), (136, Blocking(128, 128, 4, 6)), (544, Blocking(64, 128, 4, 8, tma=True)), (4096, Blocking(128, 128, 8, 3)),),  # o_proj
     (18432, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 64, 4, 4)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 4, 4, tma=True)),),  # dense gate/up
     (7168, 18432): ((1, Blocking(64, 128, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 128, 4, 4, tma=True)), (64, Blocking(64, 64, 8, 3, tma=True)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (1088, Blocking(128, 256, 8, 3, tma=True)), (4096, Blocking(128, 256, 8, 3)),),  # dense down
     (2048, 7168): ((64, Blocking(64, 32, 4, 4)), (136, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (4096, Blocking(128, 256, 8, 3, tma=True)),),  # shared expert gate/up
-    (7168, 2048): ((1, Blocking(64, 32, 4, 4)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 32, 4, 4)), (64, Blocking(64, 32, 4, 4, tma=True)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
+    (7168, 2048): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(64, 32, 4, 8)), (64, Blocking(64, 32, 4, 8, tma=True)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
     (163840, 7168): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(64, 128, 4, 4, tail_m=16)), (64, Blocking(64, 128, 4, 4, tma=True)), (136, Blocking(128, 128, 8, 3, tail_m=16)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 4, 4, tma=True)),),  # lm_head
 }
 
