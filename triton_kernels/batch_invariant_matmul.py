@@ -370,11 +370,12 @@ def compile_blockings(weight: torch.Tensor, max_rows: int) -> int:
     (a second or two each), which would otherwise stall whichever prefill or step first has that
     many rows (a cold process's first batched prefill took 2.49 s against cuBLAS's 0.51: README
     "Batch-invariant numerics"). Returns the launches run. M is not specialized, and K2's N and K
-    are multiples of 16, so one M per blocking compiles what every M of its range runs."""
+    are multiples of 16, so one M per blocking compiles what every M of its range runs. A shape
+    without ranges runs one kernel at every M, which any forward compiles: none is run for it."""
     n, k = weight.shape
     ranges = BLOCKING_BY_M.get((n, k), ()) if weight.dtype == torch.bfloat16 else ()
     firsts = {}  # blocking -> the first M that picks it (ranges may repeat a blocking)
-    for m in [1] + [bound + 1 for bound, _ in ranges[:-1]]:
+    for m in [1] + [bound + 1 for bound, _ in ranges[:-1]] if ranges else []:
         if m <= max_rows:
             firsts.setdefault(blocking_of(tiles_for(n, k, weight.dtype, m)), m)
     for m in firsts.values():

@@ -435,4 +435,6 @@ def test_compiling_the_blockings_runs_each_blocking_an_m_up_to_max_rows_can_pick
         run = [blocking_of(tiles_for(n, k, torch.bfloat16, m)) for m in launched]
         reachable = {blocking_of(tiles_for(n, k, torch.bfloat16, m)) for m in range(1, max_rows + 1)}
         assert len(run) == len(set(run)) and set(run) == reachable and max(launched) <= max_rows, (n, k)
-    assert gemm.compile_blockings(torch.empty(48, 96, device="meta"), max_rows) == 1  # float32: one blocking
+    launched.clear()
+    for untuned in (torch.empty(48, 96, device="meta"), torch.empty(48, 96, dtype=torch.bfloat16, device="meta")):
+        assert gemm.compile_blockings(untuned, max_rows) == 0 and not launched  # one kernel at every M
