@@ -30,8 +30,8 @@ then BLOCK_N x (warps, stages) at the first pass's BLOCK_M (COLUMN_BLOCKINGS), t
 with its tiles loaded by the TMA (`tma`), with each launch pair, for a split tiling the best so
 far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
 then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
-pair, where it leaves fewer padded rows than the best's row tile (M = 136: 128 + 16 computes 144
-rows, 64 three times 192), and last the best so far with a deeper pipeline (DEEP_STAGES at its
+pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
+(M = 136: 128 + 16 computes 144 rows, 64 three times 192), and last the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth).
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -216,7 +216,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
                    for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
-                   if padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
+                   if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         pick = fastest()
@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--tune-blocking", action="store_true", help="then pick each shape's blocking per M (the docstring)")
     parser.add_argument("--rows", help="comma-separated M to tune and time (default: "
                         + ",".join(map(str, ROWS)) + "; at most the largest): a look at some M only, whose "
-                        "picks are not BLOCKING_BY_M's (not printed to paste)")
+                        "picks are not BLOCKING_BY_M's (its lines to paste are not printed)")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
                         + ", ".join(name for name, _, _ in SHAPES + FLOAT32_SHAPES))
     args = parser.parse_args()
@@ -257,7 +257,7 @@ def main() -> None:
     chosen = [(shape, dtype) for shape, dtype in every if shape[0] in names]
     unknown = sorted(set(names) - {name for (name, _, _), _ in chosen})
     try:
-        rows_m = [int(m) for m in args.rows.split(",")] if args.rows else ROWS
+        rows_m = sorted({int(m) for m in args.rows.split(",")}) if args.rows else ROWS  # ranges ascend
         bad_rows = [m for m in rows_m if not 1 <= m <= max(ROWS)]
     except ValueError:
         bad_rows = [args.rows]

@@ -118,8 +118,7 @@ class Workload:
                         cuda_graphs=cuda_graphs, **options)
         first = self.requests[0]
         warm_up(engine, first.prompt_tokens, min(8, first.max_new_tokens),
-                max_rows(self.requests, getattr(self.args, "prefill_tokens", DEFAULT_PREFILL_TOKENS),
-                         self.args.concurrency, self.args.budget))
+                max_rows(engine, self.requests, getattr(self.args, "prefill_tokens", DEFAULT_PREFILL_TOKENS)))
         return engine
 
     def serve(self, engine: Engine, numerics: str = "", prefill_tokens: int | None = None) -> dict:

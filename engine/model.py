@@ -76,7 +76,7 @@ def compile_linears(modules, max_rows: int) -> int:
     """On the GPU with batch invariance on, compile the batch-invariant GEMM's kernels for every M
     up to max_rows that `linear` may meet with these modules' 2-D weights, one weight per shape
     (batch_invariant_matmul.compile_blockings): before a measured run, not in its first prefill.
-    Returns the launches run (0 on the CPU or with vendor numerics)."""
+    Returns the products run (0 on the CPU or with vendor numerics)."""
     weights = {(tuple(p.shape), p.dtype, p.device): p for module in modules for p in module.parameters() if p.ndim == 2}
     if not _batch_invariant or not any(device.type == "cuda" for _, _, device in weights):
         return 0
@@ -272,18 +272,19 @@ class MLA(nn.Module):
 
         Writes the n latent rows to kv [n_slots, max_len, D] at those positions of `slot`.
         """
-        return self.decompressed_many(x, positions, kv, [slot], [x.shape[0]])
+        slot_of_row = torch.full_like(positions, slot)
+        return self.decompressed_many(x, positions, kv, slot_of_row, [x.shape[0]])
 
-    def decompressed_many(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slots: list[int],
+    def decompressed_many(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slot_of_row: torch.Tensor,
                           lengths: list[int]) -> torch.Tensor:
         """`decompressed` for several sequences at once: x [sum(lengths), hidden] their rows
-        concatenated, positions [sum(lengths)] each one's own, the i-th written to slots[i]. The
+        concatenated, positions [sum(lengths)] each one's own, each row written to its slot (slot_of_row
+        [sum(lengths)]). The
         row-wise projections and norms launch once for all rows (per sequence, a batched prefill
         of P prompts would launch each of them P times: an eager prefill's host time is its
         launches); only the attention itself, each sequence over itself, runs per sequence. A row's numbers are its sequence's alone wherever `linear` is
         batch-invariant (the default)."""
         rows = self.latent_rows(x, positions)
-        slot_of_row = int64_on([slot for slot, n in zip(slots, lengths) for _ in range(n)], x.device)
         kv[slot_of_row, positions] = rows.to(kv.dtype)
         q, k, v = self._decompress(x, positions, rows)
         outs = [self._causal_attention(*parts) for parts in zip(q.split(lengths), k.split(lengths), v.split(lengths))]
@@ -625,9 +626,10 @@ class TargetModel(nn.Module):
         """
         lengths = [p.shape[0] for p in prompts]
         positions = int64_on([position for n in lengths for position in range(n)], prompts[0].device)
+        slot_of_row = int64_on([slot for slot, n in zip(slots, lengths) for _ in range(n)], prompts[0].device)
 
         def attend(i, attn, h):
-            return attn.decompressed_many(h, positions, kv[i], slots, lengths)
+            return attn.decompressed_many(h, positions, kv[i], slot_of_row, lengths)
 
         x, features = self._run_layers(self.embed(torch.cat(prompts)), attend, feature_layers)
         last_rows = int64_on([end - 1 for end in itertools.accumulate(lengths)], x.device)

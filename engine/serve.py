@@ -175,8 +175,7 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
                         temperature=args.temperature, cuda_graphs=args.cuda_graphs, overlap=args.overlap)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
-    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens),
-            max_rows(requests, args.prefill_tokens, engine.cache.n_slots, args.budget))
+    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens), max_rows(engine, requests, args.prefill_tokens))
     engine.nvtx.mark(RANK_MARK, rank)  # which rank this process is, for a report holding several
     progress.start()
     start = time.perf_counter()
@@ -192,10 +191,13 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     return 0
 
 
-def max_rows(requests: list[Request], prefill_tokens: int, n_slots: int, budget: int) -> int:
-    """The most rows one forward of a serve can hold: a batched prefill's prompt tokens (a longer
-    prompt alone), or a verify step's n_slots x (1 + budget)."""
-    return max(prefill_tokens, max(len(r.prompt_tokens) for r in requests), n_slots * (1 + budget))
+def max_rows(engine, requests: list[Request], prefill_tokens: int) -> int:
+    """The most rows one forward of `engine` serving `requests` can hold: a batched prefill's
+    prompt tokens (a longer prompt alone), or a step's rows in every slot (verify's 1 + budget, the
+    drafter's 1 + depth)."""
+    drafter = getattr(engine.decoder, "drafter", None)  # AR decoding has none
+    per_slot = max(engine.block_rows, 1 + drafter.config.depth if drafter is not None else 1)
+    return max(prefill_tokens, max(len(r.prompt_tokens) for r in requests), engine.cache.n_slots * per_slot)
 
 
 def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int, rows: int = 0) -> None:

@@ -302,6 +302,8 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     23 of the invariant linears' 288 ms went to with_blocking's lookups, 1,392 calls in one serve;
     README "Batch-invariant numerics")."""
     t = tiles or tiles_for(n, k, dtype, m)
+    if t.tail_m and (t.tail_m < 16 or t.tail_m & (t.tail_m - 1)):
+        raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
@@ -369,7 +371,7 @@ def compile_blockings(weight: torch.Tensor, max_rows: int) -> int:
     up to max_rows, on zeros: Triton compiles a kernel per blocking the first time an M picks it
     (a second or two each), which would otherwise stall whichever prefill or step first has that
     many rows (a cold process's first batched prefill took 2.49 s against cuBLAS's 0.51: README
-    "Batch-invariant numerics"). Returns the launches run. M is not specialized, and K2's N and K
+    "Batch-invariant numerics"). Returns the products run. M is not specialized, and K2's N and K
     are multiples of 16, so one M per blocking compiles what every M of its range runs. A shape
     without ranges runs one kernel at every M, which any forward compiles: none is run for it."""
     n, k = weight.shape

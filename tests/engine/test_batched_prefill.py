@@ -262,3 +262,16 @@ def test_ar_batched_prefill_on_cuda(trained):
     models = models_for_gpu_builder(trained)
     assert decode(models, mode="ar", n_slots=8, concurrency=3, prefill_tokens=10_000)[0] == \
         decode(models, mode="ar")[0]
+
+
+def test_warm_up_compiles_for_the_largest_forward_a_serve_can_run(trained):
+    """serve.max_rows: a batched prefill's prompt tokens, the longest prompt alone, or a step's
+    rows in every slot, the larger of verify's 1 + budget and the drafter's 1 + depth."""
+    from engine.serve import max_rows
+    target, drafter = trained
+    reqs = requests()  # prompts of 4, 41, 2, 12, 41 tokens
+    eng = Engine(target, drafter, budget=2, n_slots=5, max_len=160, nvtx=False)
+    step = 5 * max(3, 1 + drafter.config.depth)
+    assert max_rows(eng, reqs, 0) == max(41, step) and max_rows(eng, reqs, 10_000) == 10_000
+    ar = Engine(target, None, mode="ar", budget=2, n_slots=50, max_len=160, nvtx=False)
+    assert max_rows(ar, reqs, 0) == 50  # one row per slot

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import triton_kernels.batch_invariant_matmul as gemm
-from benchmarks.batch_invariant_matmul import blocking_picks
+from benchmarks.batch_invariant_matmul import ROWS, blocking_picks
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, batch_invariant_linear,
                                                    batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
                                                    with_blocking)
@@ -231,6 +231,14 @@ def test_a_tail_tile_matches_float64_through_pointers_and_the_tma(dtype, split_k
     assert relative_error(batch_invariant_per_head(*heads, tiles._replace(tma=True)), want) < tolerance
 
 
+@pytest.mark.parametrize("tail_m", [8, 24, 48])
+def test_a_tail_tile_must_be_a_power_of_two_of_at_least_16(tail_m):
+    """What tl.arange and tl.dot can tile; anything else is refused before a compile fails."""
+    with pytest.raises(ValueError, match="tail_m must be 0 or a power of two"):
+        batch_invariant_linear(torch.ones(3, 32, device=DEVICE), torch.ones(8, 32, device=DEVICE),
+                               split_tiles(1)._replace(tail_m=tail_m))
+
+
 def test_a_tma_tiling_refuses_what_the_tma_cannot_load():
     tiles = split_tiles(1)._replace(tma=True)
     with pytest.raises(ValueError, match="TMA tiling cannot load"):  # rows of 130 floats: not 16-byte aligned
@@ -269,6 +277,7 @@ def test_blocking_by_m_is_the_committed_blocking_tuning_runs_picks():
     """BLOCKING_BY_M holds the picks of `--tune-blocking` (the lines it prints), each tuned on TUNED's
     tiling, and the run picked no blocking whose output differed from the base tiling's."""
     results = [json.loads(path.read_text()) for path in BLOCKING_TUNINGS]
+    assert all(result.get("rows_m", ROWS) == ROWS for result in results)  # not a --rows look at some M
     assert {shape: ranges for result in results for shape, ranges in blocking_picks(result).items()} == BLOCKING_BY_M
     shapes = {shape: pick for result in results
               for shape, pick in {**result.get("row_tuned", {}), **result.get("blocking_tuned", {})}.items()}

@@ -126,6 +126,7 @@ def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(m
     assert (picked.block_m, picked.tail_m) == (128, 16)
     assert all(tuner.padded_rows(136, e["blocking"]["block_m"] + e["blocking"]["tail_m"]) < 160
                for e in tried if e["m"] == 136 and e["blocking"]["tail_m"])
+    assert all(e["blocking"]["block_m"] < e["m"] for e in tried if e["blocking"]["tail_m"])  # a tail holds a row
 
 
 def test_the_last_pass_deepens_the_best_pipeline_at_every_m(monkeypatch, inputs):
