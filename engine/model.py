@@ -77,12 +77,13 @@ def compile_linears(modules, max_rows: int) -> int:
     up to max_rows that `linear` may meet with these modules' 2-D weights, one weight per shape
     (batch_invariant_matmul.compile_blockings): before a measured run, not in its first prefill.
     Returns the products run (0 on the CPU or with vendor numerics)."""
-    weights = {(tuple(p.shape), p.dtype, p.device): p for module in modules for p in module.parameters() if p.ndim == 2}
-    if not _batch_invariant or not any(device.type == "cuda" for _, _, device in weights):
+    weights = {(tuple(p.shape), p.dtype, p.device): p for module in modules for p in module.parameters()
+               if p.ndim == 2 and p.is_cuda}
+    if not _batch_invariant or not weights:
         return 0
     from triton_kernels.batch_invariant_matmul import compile_blockings
     with torch.no_grad():
-        return sum(compile_blockings(w, max_rows) for (_, _, device), w in weights.items() if device.type == "cuda")
+        return sum(compile_blockings(w, max_rows) for w in weights.values())
 
 
 def per_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -278,11 +279,11 @@ class MLA(nn.Module):
     def decompressed_many(self, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, slot_of_row: torch.Tensor,
                           lengths: list[int]) -> torch.Tensor:
         """`decompressed` for several sequences at once: x [sum(lengths), hidden] their rows
-        concatenated, positions [sum(lengths)] each one's own, each row written to its slot (slot_of_row
-        [sum(lengths)]). The
-        row-wise projections and norms launch once for all rows (per sequence, a batched prefill
-        of P prompts would launch each of them P times: an eager prefill's host time is its
-        launches); only the attention itself, each sequence over itself, runs per sequence. A row's numbers are its sequence's alone wherever `linear` is
+        concatenated, positions [sum(lengths)] each one's own, each row written to its slot
+        (slot_of_row [sum(lengths)]). The row-wise projections and norms launch once for all rows
+        (per sequence, a batched prefill of P prompts would launch each of them P times: an eager
+        prefill's host time is its launches); only the attention itself, each sequence over itself,
+        runs per sequence. A row's numbers are its sequence's alone wherever `linear` is
         batch-invariant (the default)."""
         rows = self.latent_rows(x, positions)
         kv[slot_of_row, positions] = rows.to(kv.dtype)

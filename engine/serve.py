@@ -175,7 +175,8 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
                         temperature=args.temperature, cuda_graphs=args.cuda_graphs, overlap=args.overlap)
     longest = max(requests, key=lambda r: r.max_new_tokens)  # its rows fit; a 1-token answer decodes no step
-    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens), max_rows(engine, requests, args.prefill_tokens))
+    warm_up(engine, longest.prompt_tokens, min(8, longest.max_new_tokens),
+            max_rows(engine, requests, args.prefill_tokens))
     engine.nvtx.mark(RANK_MARK, rank)  # which rank this process is, for a report holding several
     progress.start()
     start = time.perf_counter()
@@ -191,11 +192,16 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     return 0
 
 
+def _drafter(engine):
+    """The engine's drafter, None for AR decoding (which has none)."""
+    return getattr(engine.decoder, "drafter", None)
+
+
 def max_rows(engine, requests: list[Request], prefill_tokens: int) -> int:
     """The most rows one forward of `engine` serving `requests` can hold: a batched prefill's
     prompt tokens (a longer prompt alone), or a step's rows in every slot (verify's 1 + budget, the
     drafter's 1 + depth)."""
-    drafter = getattr(engine.decoder, "drafter", None)  # AR decoding has none
+    drafter = _drafter(engine)
     per_slot = max(engine.block_rows, 1 + drafter.config.depth if drafter is not None else 1)
     return max(prefill_tokens, max(len(r.prompt_tokens) for r in requests), engine.cache.n_slots * per_slot)
 
@@ -210,8 +216,7 @@ def warm_up(engine, prompt_tokens: list[int], max_new_tokens: int, rows: int = 0
     """
     from engine.model import compile_linears
 
-    drafter = getattr(engine.decoder, "drafter", None)  # AR decoding has none
-    compile_linears([engine.model] + ([drafter] if drafter is not None else []), rows)
+    compile_linears([engine.model] + ([_drafter(engine)] if _drafter(engine) is not None else []), rows)
     engine.nvtx.enabled = False
     try:
         engine.admit("warm-up", prompt_tokens, max_new_tokens)

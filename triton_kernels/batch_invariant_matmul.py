@@ -376,8 +376,10 @@ def compile_blockings(weight: torch.Tensor, max_rows: int) -> int:
     without ranges runs one kernel at every M, which any forward compiles: none is run for it."""
     n, k = weight.shape
     ranges = BLOCKING_BY_M.get((n, k), ()) if weight.dtype == torch.bfloat16 else ()
+    if not ranges:
+        return 0
     firsts = {}  # blocking -> the first M that picks it (ranges may repeat a blocking)
-    for m in [1] + [bound + 1 for bound, _ in ranges[:-1]] if ranges else []:
+    for m in [1] + [bound + 1 for bound, _ in ranges[:-1]]:
         if m <= max_rows:
             firsts.setdefault(blocking_of(tiles_for(n, k, weight.dtype, m)), m)
     for m in firsts.values():
