@@ -21,12 +21,15 @@ blocking per M range.
 Split-K (`Tiles.split_k` S > 1) fills the GPU where N is narrow and K long (q_a_proj: 12 programs
 of 128 columns for 132 SMs at M <= 64 without it). cuBLAS splits too, but picks its count from M;
 here S is part of the tiling, so fixed by (N, K), and the chunk boundaries come from K, BLOCK_K and
-S alone. Each chunk's fp32 partial goes to a workspace and a second kernel adds the partials in the
-order s = 0, 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per
-element, whatever M is. No atomics (their order would vary from run to run). Where M alone fills
-the GPU the blocking may keep the chunks in one program (`split_in_program`): each chunk is still
-accumulated from zero and the chunks' sums added in the same order, the same fp32 operations
-without the workspace (S x M x N floats written and read) or the second launch.
+S alone. Each chunk's fp32 partial goes to a workspace, and the program whose partial arrives last
+at its output tile (a per-tile counter, acquire-release) adds the tile's partials in the order s =
+0, 1, ..., S-1 before the one cast: still one fixed sequence of fp32 operations per element,
+whatever M is, and whichever program is last. No atomic adds of values (their order would vary
+from run to run), and no second launch (a separate sum kernel was one more launch per split
+product, on every decode step). Where M alone fills the GPU the blocking may keep the chunks in one
+program (`split_in_program`): each chunk is still accumulated from zero and the chunks' sums added
+in the same order, the same fp32 operations without the workspace (S x M x N floats written and
+read).
 
 A blocking may give each program a second, smaller row tile (`tail_m`): the BLOCK_M rows and the
 tail_m rows after them, two dots on each weight tile it loads once. Row tiles are powers of two, so
@@ -218,27 +221,45 @@ def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k
 
 
 @triton.jit
-def _store_tile(out_ptr, acc, split, matrix, row0, col0, M, N, stride_os, stride_ob, stride_om, stride_on,
-                ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_tile(plane_ptr, acc, row0, col0, M, N, stride_m, stride_n, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc (ROWS x BLOCK_N at row0, col0) into an [M, N] plane, cast to the plane's dtype."""
     rows = row0 + tl.arange(0, ROWS)
     cols = col0 + tl.arange(0, BLOCK_N)
-    out = (out_ptr + split.to(tl.int64) * stride_os + matrix.to(tl.int64) * stride_ob
-           + rows[:, None].to(tl.int64) * stride_om + cols[None, :] * stride_on)
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    out = plane_ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :] * stride_n
+    tl.store(out, acc.to(plane_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _sum_partials(partial_ptr, out_ptr, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
+                  stride_on, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out's tile = partial[0] + partial[1] + ... + partial[splits - 1] in that order, in fp32, then
+    one cast (partial_ptr and out_ptr at the tile's matrix). Loaded from L2 (.cg): the other
+    programs' partials were stored from other SMs."""
+    rows = row0 + tl.arange(0, ROWS)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    partial = partial_ptr + rows[:, None].to(tl.int64) * stride_pm + cols[None, :] * stride_pn
+    acc = tl.load(partial, mask=inside, other=0.0, cache_modifier=".cg")
+    for _ in range(1, splits):
+        partial += stride_ps
+        acc += tl.load(partial, mask=inside, other=0.0, cache_modifier=".cg")
+    _store_tile(out_ptr, acc, row0, col0, M, N, stride_om, stride_on, ROWS, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, xt_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
+def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N, K, batches, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   stride_os, stride_ob, stride_om, stride_on,
+                   stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
                    BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr):
-    """out[s, b] = x[b] @ w[b]^T over K chunks s * CHUNKS .. s * CHUNKS + CHUNKS - 1, each
-    [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added in that order (axis 2:
-    s * batches + b). CHUNKS = 1: one chunk per program, its partial to a workspace plane s; CHUNKS =
-    the split count: every chunk in one program, the same fp32 operations in the same order as the
-    workspace and _sum_splits_kernel's sum. A program's rows: BLOCK_M + TAIL_M from
-    pid_m * (BLOCK_M + TAIL_M) (_chunk_product's two tiles).
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr):
+    """out[b] = x[b] @ w[b]^T, its K chunks each [c * k_chunk, (c + 1) * k_chunk) accumulated from
+    zero and then added in the order c = 0, 1, ... (axis 2: s * batches + b).
+    WORKSPACE: one chunk per program (s), its partial to the workspace plane partial[s, b]; the
+    program whose partial arrives last at a tile (counter_ptr: one int32 per tile, zero between
+    products) adds the tile's planes in order into out and zeroes the counter. Otherwise all CHUNKS
+    chunks in one program (CHUNKS = 1: unsplit), the same fp32 operations in the same order, summed
+    straight into out. A program's rows: BLOCK_M + TAIL_M from pid_m * (BLOCK_M + TAIL_M)
+    (_chunk_product's two tiles).
     TMA: x_ptr, xt_ptr and w_ptr are tensor descriptors of [B, M, K] (tiles of BLOCK_M and of the
     tail's rows) and [B, N, K], whose loads fill what lies past M, N or K with zeros, as the masked
     loads do: the same operands for the same dots."""
@@ -250,36 +271,34 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, out_ptr, M, N, K, batches, k_chunk,
     acc, acc_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk,
                                    k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                                    BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
-    for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_splits_kernel
+    for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_partials
         more, more_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K,
                                          (split * CHUNKS + c) * k_chunk, k_chunk, stride_xb, stride_xm, stride_xk,
                                          stride_wb, stride_wn, stride_wk, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K,
                                          FP32_DOT, TMA)
         acc += more
         acc_tail += more_tail
-    _store_tile(out_ptr, acc, split, matrix, row0, col0, M, N, stride_os, stride_ob, stride_om, stride_on,
-                BLOCK_M, BLOCK_N)
-    if TAIL_M > 0:
-        _store_tile(out_ptr, acc_tail, split, matrix, row0 + BLOCK_M, col0, M, N, stride_os, stride_ob, stride_om,
-                    stride_on, TAIL_M, BLOCK_N)
-
-
-@triton.jit(do_not_specialize=["M", "splits"])
-def _sum_splits_kernel(partial_ptr, out_ptr, M, N, splits, stride_ps, stride_pb, stride_ob, stride_om, stride_on,
-                       BLOCK: tl.constexpr):
-    """out[b] = partial[0, b] + partial[1, b] + ... in that order, in fp32, then one cast.
-    partial [S, B, M, N], each [M, N] plane contiguous; out [B, M, N], any strides."""
-    pid, batch = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    flat = pid * BLOCK + tl.arange(0, BLOCK)
-    inside = flat < M * N
-    partial = partial_ptr + batch * stride_pb + flat
-    acc = tl.load(partial, mask=inside, other=0.0)
-    for _ in range(1, splits):
-        partial += stride_ps
-        acc += tl.load(partial, mask=inside, other=0.0)
-    rows, cols = flat // N, flat % N
-    out = out_ptr + batch * stride_ob + rows.to(tl.int64) * stride_om + cols * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+    out = out_ptr + matrix.to(tl.int64) * stride_ob
+    if WORKSPACE:
+        partial = partial_ptr + matrix.to(tl.int64) * stride_pb
+        plane = partial + split.to(tl.int64) * stride_ps
+        _store_tile(plane, acc, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+        if TAIL_M > 0:
+            _store_tile(plane, acc_tail, row0 + BLOCK_M, col0, M, N, stride_pm, stride_pn, TAIL_M, BLOCK_N)
+        splits = tl.num_programs(2) // batches
+        tile = counter_ptr + (matrix * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
+        tl.debug_barrier()  # every thread's share of the partial stored before the count says it is
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            _sum_partials(partial, out, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
+                          stride_on, BLOCK_M, BLOCK_N)
+            if TAIL_M > 0:
+                _sum_partials(partial, out, splits, row0 + BLOCK_M, col0, M, N, stride_ps, stride_pm, stride_pn,
+                              stride_om, stride_on, TAIL_M, BLOCK_N)
+            tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
+    else:
+        _store_tile(out, acc, row0, col0, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        if TAIL_M > 0:
+            _store_tile(out, acc_tail, row0 + BLOCK_M, col0, M, N, stride_om, stride_on, TAIL_M, BLOCK_N)
 
 
 def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -308,35 +327,54 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     workspace = splits > 1 and not t.split_in_program
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                    FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma,
-                   CHUNKS=1 if workspace else splits, num_warps=t.num_warps, num_stages=t.num_stages)
+                   CHUNKS=1 if workspace else splits, WORKSPACE=workspace, num_warps=t.num_warps,
+                   num_stages=t.num_stages)
     return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m + t.tail_m), triton.cdiv(n, t.block_n)), options
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | None) -> None:
     """x [B, M, K], w [B, N, K], out [B, M, N] (any strides). With more than one K chunk the partials
     go to a workspace [S, B, M, N] (fp32, from the caching allocator: no host sync, CUDA graphs
-    capture it) that the second kernel sums into out. It grows with M: 4 bytes x S x M x N, e.g.
-    470 MB for the dense down (N 7168) split 4 ways over a 4,096-row prefill. A blocking with
-    split_in_program has each program sum its own chunks instead (no workspace, one launch, S times
-    fewer programs: for an M that fills the GPU anyway)."""
+    capture it) that the last program of each tile sums into out, in the same launch. It grows with
+    M: 4 bytes x S x M x N, e.g. 470 MB for the dense down (N 7168) split 4 ways over a 4,096-row
+    prefill. A blocking with split_in_program has each program sum its own chunks instead (no
+    workspace, S times fewer programs: for an M that fills the GPU anyway)."""
     batch, m, k = x.shape
     n = w.shape[1]
     if m == 0 or n == 0:
         return
     t, chunk, splits, workspace, programs, options = _plan(n, k, m, x.dtype, tiles)
-    partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device) if workspace else out[None]
+    if workspace:
+        partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
+        counters = _tile_counters(x.device, programs[0] * programs[1] * batch)
+    else:
+        partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
     grid = (*programs, (splits if workspace else 1) * batch)
     if t.tma:
         x_arg, w_arg = _descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)
         xt_arg = _descriptor(x, t.tail_m, t.block_k) if t.tail_m else x_arg
     else:
         x_arg, xt_arg, w_arg = x, x, w
-    _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, m, n, k, batch, chunk, *x.stride(), *w.stride(),
-                         *partials.stride(), **options)
-    if workspace:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block), batch)](partials, out, m, n, splits, *partials.stride()[:2],
-                                                               *out.stride(), BLOCK=block)
+    partial_strides = partials.stride() if workspace else (0, *out.stride())
+    _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *x.stride(),
+                         *w.stride(), *partial_strides, *out.stride(), **options)
+
+
+# One int32 per tile of a workspace product, per device: zero between products (the last program of
+# a tile zeroes its own), so a product needs no fill launch. A larger need allocates a larger
+# buffer and keeps the old one alive (a recorded CUDA graph holds its address). Products on one
+# stream at a time share it, as the engine runs them (two streams at once would mix their counts).
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    grown = _COUNTERS.setdefault(device, [])
+    if not grown or grown[-1].numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"batch_invariant_matmul: a product of {tiles} split tiles needs more tile counters "
+                               "than were allocated before this CUDA graph capture: run it once eagerly first")
+        grown.append(torch.zeros(max(tiles, 1 << 12), dtype=torch.int32, device=device))
+    return grown[-1]
 
 
 def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:

@@ -195,6 +195,26 @@ def test_tma_loads_give_the_pointer_loads_bits(m, n, k, split_k):
     assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(tma=True)), batch_invariant_per_head(*heads, tiles))
 
 
+@pytest.mark.parametrize("tail_m", [0, 16])
+def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m):
+    """The last program of each tile sums the workspace and zeroes the tile's counter: after a
+    product every counter is 0 again, so the next product sums the right partials: the float64
+    product, the same bits each time. A buffer too small for a product's tiles is replaced by a
+    larger one, the old kept alive (a recorded graph may hold it)."""
+    gen = torch.Generator().manual_seed(5 + tail_m)
+    tiles = split_tiles(3)._replace(tail_m=tail_m)
+    w = random((72, 200), torch.float32, gen, 200 ** -0.5)
+    device = torch.device(DEVICE)
+    gemm._COUNTERS[device] = [torch.zeros(1, dtype=torch.int32, device=device)]  # too few: the first product grows it
+    for m in (37, 37, 70):
+        x = random((m, 200), torch.float32, gen)
+        first = batch_invariant_linear(x, w, tiles)
+        assert relative_error(first, x.double() @ w.double().T) < 1e-5
+        assert not any(counters.any() for counters in gemm._COUNTERS[device])
+        assert torch.equal(batch_invariant_linear(x, w, tiles), first)
+    assert len(gemm._COUNTERS[device]) == 2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("split_k", [2, 3])
 @pytest.mark.parametrize("m, n, k", [(37, 40, 136), (1, 72, 200), (70, 48, 96)])  # 136, 200: partial last K tiles
@@ -298,31 +318,38 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton_kernels.batch_invariant_matmul import _matmul_kernel
 dtype, tma, chunks, fp32_dot, tail = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+workspace = sys.argv[6] == "workspace"
 operand = (lambda rows: f"tensordesc<{dtype}[1,{rows},64]>") if tma else (lambda rows: f"*{dtype}")
 # As a launch specializes them: the unit strides (K-major operands, a row-major output) as the
 # constant 1, pointers and the other sizes and strides as multiples of 16 (what pipelines the loads).
-ones = dict.fromkeys(["stride_xk", "stride_wk", "stride_on"], 1)
-ints = "M N K batches k_chunk stride_xb stride_xm stride_wb stride_wn stride_os stride_ob stride_om".split()
+ones = dict.fromkeys(["stride_xk", "stride_wk", "stride_pn", "stride_on"], 1)
+ints = ("M N K batches k_chunk stride_xb stride_xm stride_wb stride_wn stride_ps stride_pb stride_pm stride_ob "
+        "stride_om").split()
 constants = dict(BLOCK_M=64, TAIL_M=tail, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot,
-                 TMA=tma, CHUNKS=chunks, **ones)
-signature = {"x_ptr": operand(64), "xt_ptr": operand(tail or 64), "w_ptr": operand(128), "out_ptr": "*fp32",
-             **dict.fromkeys(ints, "i32"), **dict.fromkeys(constants, "constexpr")}
-aligned = ["out_ptr", *ints[1:]] + ([] if tma else ["x_ptr", "xt_ptr", "w_ptr"])  # M: do_not_specialize
+                 TMA=tma, CHUNKS=chunks, WORKSPACE=workspace, **ones)
+output = "*fp32" if dtype == "fp32" else "*bf16"
+signature = {"x_ptr": operand(64), "xt_ptr": operand(tail or 64), "w_ptr": operand(128),
+             "partial_ptr": "*fp32" if workspace else output, "out_ptr": output,
+             "counter_ptr": "*i32" if workspace else output, **dict.fromkeys(ints, "i32"),
+             **dict.fromkeys(constants, "constexpr")}
+aligned = ["partial_ptr", "out_ptr", "counter_ptr", *ints[1:]] + ([] if tma else ["x_ptr", "xt_ptr", "w_ptr"])  # M: do_not_specialize
 attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 triton.compile(ASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4, "num_stages": 4})
 """
 
 
-@pytest.mark.parametrize("dtype, loads, chunks, fp32_dot, tail", [
-    ("bf16", "pointers", 1, "-", 0), ("bf16", "tma", 4, "-", 0), ("bf16", "pointers", 4, "-", 0),
-    ("fp32", "pointers", 4, "tf32x3", 0), ("bf16", "pointers", 1, "-", 16), ("bf16", "tma", 2, "-", 32)])
-def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32_dot, tail):
+@pytest.mark.parametrize("dtype, loads, chunks, fp32_dot, tail, sum", [
+    ("bf16", "pointers", 1, "-", 0, "-"), ("bf16", "tma", 4, "-", 0, "-"), ("bf16", "pointers", 4, "-", 0, "-"),
+    ("fp32", "pointers", 4, "tf32x3", 0, "-"), ("bf16", "pointers", 1, "-", 16, "-"), ("bf16", "tma", 2, "-", 32, "-"),
+    ("bf16", "pointers", 1, "-", 0, "workspace"), ("bf16", "tma", 1, "-", 16, "workspace"),
+    ("fp32", "pointers", 1, "tf32x3", 0, "workspace")])
+def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32_dot, tail, sum):
     """What the interpreter never lowers (TMA descriptors, the chunk loop, TF32x3 dots, a tail tile's
-    second dot) compiled for sm_90 here, in a process of its own (the tests' interpreter mode cannot
-    compile)."""
+    second dot, the workspace's tile counters: a barrier and acquire-release atomics) compiled for
+    sm_90 here, in a process of its own (the tests' interpreter mode cannot compile)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, loads, str(chunks), fp32_dot, str(tail)],
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, dtype, loads, str(chunks), fp32_dot, str(tail), sum],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -413,8 +440,9 @@ def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, ti
 
 @pytest.mark.gpu
 def test_split_k_runs_inside_a_cuda_graph_on_gpu():
-    """The workspace comes from the caching allocator and nothing waits for the host: a graph
-    captures the split GEMM (linear and per head) and its replays give the eager bits."""
+    """The workspace comes from the caching allocator, the tile counters were allocated eagerly and
+    nothing waits for the host: a graph captures the split GEMM (linear and per head) and its
+    replays, like repeated eager products, give the eager bits."""
     gen = torch.Generator().manual_seed(11)
     (n, k), tiles = K2_SPLITS[0]
     w, x = random((n, k), torch.bfloat16, gen, k ** -0.5), random((136, k), torch.bfloat16, gen)
@@ -425,10 +453,12 @@ def test_split_k_runs_inside_a_cuda_graph_on_gpu():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles)
-    for _ in range(2):
+    for _ in range(20):  # each replay's last programs read the others' partials: a missing fence shows here
         graph.replay()
-    torch.cuda.synchronize()
-    assert all(torch.equal(got, want) for got, want in zip(captured, eager))
+        torch.cuda.synchronize()
+        assert all(torch.equal(got, want) for got, want in zip(captured, eager))
+    for _ in range(20):
+        assert torch.equal(batch_invariant_linear(x, w, tiles), eager[0])
 
 
 @pytest.mark.parametrize("max_rows", [1, 17, 600, 4096, 10_000])
