@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import benchmarks.batch_invariant_matmul as tuner
-from benchmarks.tile_invariance import variants
+from benchmarks.tile_invariance import variants, verdict
 from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of, with_blocking
 
 BASE = Tiles(64, 128, 64, 4, 4)
@@ -135,3 +135,10 @@ def test_the_last_pass_deepens_the_best_pipeline_at_every_m(monkeypatch, inputs)
     for m in tuner.ROWS:
         assert {e["blocking"]["num_stages"] for e in tried if e["m"] == m} >= set(tuner.DEEP_STAGES)
     assert with_blocking(BASE, ranges, 17).num_stages == 6 and with_blocking(BASE, ranges, 4096).num_stages != 6
+
+
+def test_the_invariance_verdict_leaves_out_pipelines_that_do_not_fit_but_not_failures():
+    kept = {"identical_rows": 5, "rows": 5}
+    assert verdict([kept, {"does_not_fit": "out of resource: shared memory"}]) == "identical"
+    assert verdict([kept, {"error": "an illegal memory access"}]) == "incomplete"
+    assert verdict([kept, {"identical_rows": 4, "rows": 5}]) == "differs"
