@@ -26,7 +26,8 @@
 # requires BLOCKING_BY_M to equal the picks of those files, later over earlier). Runs: 2026-12-01
 # (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3; then
 # M = 4,096 and split_in_program: _4 and _5; then tail_m: part 3 as _6, part 2 as _7; then
-# DEEP_STAGES, for q_a_proj, o_proj and the shared expert's down only: _8).
+# DEEP_STAGES, for q_a_proj, o_proj and the shared expert's down only: _8; then all ten shapes with
+# split products summed in one launch: part 2 as _9, part 3 as _10).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-5)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then

@@ -120,10 +120,10 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 
 # bf16, (N, K) -> ((largest M, Blocking), ...) by ascending M: the blocking of TUNED[N, K] per M
 # range (an M past the last bound takes the last), the picks of `benchmarks/batch_invariant_matmul.py
-# --tune-blocking` (today: its fourth run, which searched BLOCK_M, BLOCK_N, TMA loads, in-program
-# split sums and tail row tiles per M up to 4,096 rows: benchmarks/results/batch_invariant_matmul_blocking_tuning_7.json
-# for the first five shapes, _6.json for the other five; then, with deeper pipelines too, _8.json for
-# q_a_proj, o_proj and the shared expert's down; a test checks that they agree). Shapes
+# --tune-blocking` (today: its fifth run, which searched BLOCK_M, BLOCK_N, TMA loads, in-program
+# split sums, tail row tiles and deeper pipelines per M up to 4,096 rows:
+# benchmarks/results/batch_invariant_matmul_blocking_tuning_9.json for the first five shapes,
+# _10.json for the other five; a test checks that they agree). Shapes
 # missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (1536, 7168): ((64, Blocking(64, 32, 4, 8)), (136, Blocking(64, 64, 4, 6, tma=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)),),  # q_a_proj
