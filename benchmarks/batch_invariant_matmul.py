@@ -42,6 +42,16 @@ committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.js
 picks over an earlier's (the first, 2026-12-01, searched BLOCK_M, warps and stages only: its
 "row_tuned" block).
 
+`--tune-split` (instead of `--tune`) re-picks only each bf16 shape's split count, SPLIT_COUNTS at
+its TUNED tile and BLOCK_K, by what `--tune-blocking` then makes of each: the count whose blocking
+per M meets the goal at the most table points (ties: the smaller sum of log(ratio / goal)). The
+count fixes every element's K loop, so it stays one per shape; `--tune`'s pick scored each tiling
+with one blocking for every M, which no longer runs. The run records each count's points
+("split_tuned") and the chosen count's blocking search ("blocking_tuned", as `--tune-blocking`
+does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. It costs one blocking
+search per count (the fifth blocking run, one count per shape: 325 s per five shapes with their
+table on the H200).
+
 How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
 a fresh tiling's compile a second or two. Tuning all ten bf16 shapes is at most 10 x 5 cuBLAS
 timings + 10 x 12 x 5 + 4 x 9 x 5 candidate timings = 830, about 4 minutes with the compiles (less
@@ -50,12 +60,13 @@ expert gate/up,dense down"`: at most 440, about 2 minutes); the router adds 5 + 
 2026-12-02); the table then adds 11 x 8 x 2 timings of about 1 s (rep 50 ms): about 3 minutes for
 all shapes. The run prints each shape's tuning time.
 
-    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking] [--shapes NAME,...] [--out FILE]
+    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking | --tune-split] [--shapes NAME,...] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -68,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles,  # noqa: E402
-                                                   batch_invariant_linear, blocking_of, with_blocking)
+                                                   batch_invariant_linear, blocking_of, k_chunks, with_blocking)
 
 # (name, N, K): Kimi K2's projections (hidden 7168, 64 heads).
 SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 576, 7168),
@@ -108,6 +119,7 @@ COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) f
 # Last pass: (BLOCK_M, tail_m), a program's two row tiles (Blocking.tail_m).
 TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
 DEEP_STAGES = (5, 6, 8)  # the very last pass: more stages at the best's warps
+SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
 def padded_rows(m: int, rows_per_program: int) -> int:
@@ -229,6 +241,50 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
     return tuple(merged), tried
 
 
+def pick_ratios(base: Tiles, ranges: tuple[tuple[int, Blocking], ...], tried: list[dict]) -> dict[int, float]:
+    """M -> the ratio to cuBLAS that tune_blocking measured for its pick at M."""
+    ratios = {}
+    for entry in tried:
+        picked = blocking_of(with_blocking(base, ranges, entry["m"]))
+        if Blocking(**entry["blocking"]) == picked and "ratio_to_cublas" in entry:
+            ratios[entry["m"]] = entry["ratio_to_cublas"]
+    return ratios
+
+
+def goal_score(ratios: dict[int, float]) -> tuple[int, float]:
+    """(the goal's points met, minus the sum of log(ratio / goal)) over the goal's M (up to 1,088):
+    larger is better; the sum breaks ties between split counts that meet the same points."""
+    points = {m: r for m, r in ratios.items() if m <= 1088}
+    return (sum(r <= GOAL.get(m, 1.15) for m, r in points.items()),
+            -sum(math.log(r / GOAL.get(m, 1.15)) for m, r in points.items()))
+
+
+def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[Tiles, tuple, list[dict], list[dict]]:
+    """The split count (SPLIT_COUNTS, base's BLOCK_K and tile kept) whose tuned blocking per M meets
+    the goal at the most table points: the count fixes every element's K loop, so it is TUNED's
+    (one per shape, never per M), but which count serves a shape best depends on the blocking each
+    M then gets (a split's workspace costs little once its sum runs in the same launch, and
+    split_in_program drops it where M fills the GPU). Returns the pick, its BLOCKING_BY_M ranges and
+    tried blockings, and each count's summary. Counts that k_chunks clamps to another are skipped."""
+    summaries, best = [], None
+    chunk_counts = set()
+    for split_k in SPLIT_COUNTS:
+        tiles = base._replace(split_k=split_k, split_in_program=False)
+        chunks = k_chunks(w.shape[1], tiles.block_k, split_k)[1]
+        if chunks in chunk_counts:
+            continue
+        chunk_counts.add(chunks)
+        print(f"  split_k={split_k}:", flush=True)
+        ranges, tried = tune_blocking(x, w, tiles)
+        ratios = pick_ratios(tiles, ranges, tried)
+        score = goal_score(ratios)
+        summaries.append({"split_k": split_k, "met": score[0], "ratio_to_cublas": ratios})
+        if best is None or score > best[0]:
+            best = (score, tiles, ranges, tried)
+    _, tiles, ranges, tried = best
+    return tiles, ranges, tried, summaries
+
+
 def blocking_picks(result: dict) -> dict[tuple[int, int], tuple[tuple[int, Blocking], ...]]:
     """A tuning file's BLOCKING_BY_M entries, (N, K) -> ranges. Its first run (block "row_tuned")
     searched BLOCK_M, warps and stages at the base's BLOCK_N, recorded in each shape's "tiles"."""
@@ -246,6 +302,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "batch_invariant_matmul.json")
     parser.add_argument("--tune", action="store_true", help="pick each shape's tiling first (see the docstring)")
     parser.add_argument("--tune-blocking", action="store_true", help="then pick each shape's blocking per M (the docstring)")
+    parser.add_argument("--tune-split", action="store_true",
+                        help="pick each bf16 shape's split count by the blocking it then gets per M (the docstring)")
     parser.add_argument("--rows", help="comma-separated M to tune and time (default: "
                         + ",".join(map(str, ROWS)) + "; at most the largest): a look at some M only, whose "
                         "picks are not BLOCKING_BY_M's (its lines to paste are not printed)")
@@ -261,18 +319,20 @@ def main() -> None:
         bad_rows = [m for m in rows_m if not 1 <= m <= max(ROWS)]
     except ValueError:
         bad_rows = [args.rows]
-    if unknown or bad_rows or not torch.cuda.is_available():
+    clash = ("--tune-split picks the split count itself: not with --tune" if args.tune_split and args.tune
+             else "--tune-split tunes at the table's M: not with --rows" if args.tune_split and args.rows else None)
+    if unknown or bad_rows or clash or not torch.cuda.is_available():
         problem = (f"no shape named {', '.join(map(repr, unknown))}" if unknown
                    else f"--rows must be integers 1..{max(ROWS)}, not {', '.join(map(str, bad_rows))}" if bad_rows
-                   else "needs a CUDA GPU (torch sees none)")
+                   else clash or "needs a CUDA GPU (torch sees none)")
         print(f"benchmarks/batch_invariant_matmul.py: {problem}", file=sys.stderr)
         sys.exit(2)
     gen = torch.Generator(device="cuda").manual_seed(0)
     peak = ceilings()
     print(f"ceilings: bf16 matmul {peak['matmul_tflops']:.0f} TFLOP/s, copy {peak['copy_gbps']:.0f} GB/s")
-    rows, tuned, blocking_tuned = [], {}, {}
+    rows, tuned, blocking_tuned, split_tuned = [], {}, {}, {}
     result = {"benchmark": "batch_invariant_matmul", "machine": describe(), "ceilings": peak, "rows_m": rows_m, "tuned": tuned,
-              "blocking_tuned": blocking_tuned, "rows": rows}
+              "blocking_tuned": blocking_tuned, "split_tuned": split_tuned, "rows": rows}
     print(f"{'shape':>22} {'N':>6} {'K':>6} {'M':>5} {'ours us':>8} {'cuBLAS us':>9} {'x':>5} {'TF/s':>6} {'of BW':>6}")
     for (name, n, k), dtype in chosen:
         x, w = inputs(n, k, gen, dtype)
@@ -288,12 +348,20 @@ def main() -> None:
             tiles = base_tiles(n, k, dtype)
         bf16_base = dtype == torch.bfloat16 and tiles == base_tiles(n, k, dtype)
         ranges = BLOCKING_BY_M.get((n, k), ()) if bf16_base else ()
-        if args.tune_blocking and dtype != torch.bfloat16:
+        if (args.tune_blocking or args.tune_split) and dtype != torch.bfloat16:
             print(f"{name} ({dtype_name(dtype)}) keeps its tiling's blocking at every M: not tuned")
-        elif args.tune_blocking:
-            print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
+        elif args.tune_blocking or args.tune_split:
             started = time.perf_counter()
-            ranges, tried = tune_blocking(x, w, tiles, rows_m)
+            if args.tune_split:
+                print(f"tuning {name}'s split count and blocking on {tiles_line(tiles)}")
+                tiles, ranges, tried, splits = tune_split(x, w, tiles)
+                split_tuned[f"{n}x{k}"] = {"name": name, "dtype": dtype_name(dtype), "tiles": tiles._asdict(),
+                                           "splits": splits}
+                print("  " + ", ".join(f"split_k={s['split_k']}: {s['met']} points" for s in splits)
+                      + f" -> {tiles_line(tiles)}")
+            else:
+                print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
+                ranges, tried = tune_blocking(x, w, tiles, rows_m)
             blocking_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
                                           "ranges": [{"up_to_m": bound, "blocking": b._asdict()} for bound, b in ranges],
                                           "seconds": time.perf_counter() - started}
@@ -313,9 +381,9 @@ def main() -> None:
             print(f"{name:>22} {n:6} {k:6} {m:5} {ours:8.1f} {vendor:9.1f} {row['ratio_to_cublas']:5.2f} "
                   f"{row['tflops']:6.1f} {row['of_copy_bandwidth']:6.0%}", flush=True)
         write_result(args.out, result)  # after every shape, so a cut-short run keeps its rows
-    if args.tune:
-        print_tuned(tuned)
-    if args.tune_blocking and rows_m == ROWS:
+    if args.tune or args.tune_split:
+        print_tuned({**tuned, **split_tuned})
+    if (args.tune_blocking or args.tune_split) and rows_m == ROWS:
         print_blocking_by_m(result)
 
 

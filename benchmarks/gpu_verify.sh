@@ -6,14 +6,17 @@
 # DDPROF_COMMIT=<what `git rev-parse HEAD; git diff --quiet HEAD || echo +changes` says here>
 # (required) so that each result file's machine block names the code that ran. Every part needs the
 # nvtx wheel carried (.whl1: the engine imports nvtx; ../shared/nsys/README.md), part 5 .devlibs too.
-# Limits: 220-580 s per part, 2,340 s for all five, more than one session's 30 device-minutes:
-# take part 1 and the parts whose code changed first.
+# Limits: 220-580 s per part, 2,340 s for parts 1-5, more than one session's 30 device-minutes:
+# take part 1 and the parts whose code changed first. Parts 6 and 7 re-pick split counts: paste
+# both the TUNED and the BLOCKING_BY_M lines they print, commit their files as blocking tuning runs.
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)
 #   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the other five
 #   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
 #   bash benchmarks/gpu_verify.sh OUT 5   # both numerics served under nsys, as part 4's A/B serves them
+#   bash benchmarks/gpu_verify.sh OUT 6   # --tune-split: o_proj and the dense gate/up (their M = 136 misses)
+#   bash benchmarks/gpu_verify.sh OUT 7   # --tune-split: q_b_proj and the shared expert both ways
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -29,7 +32,7 @@
 # DEEP_STAGES, for q_a_proj, o_proj and the shared expert's down only: _8; then all ten shapes with
 # split products summed in one launch: part 2 as _9, part 3 as _10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-5)}
+out=${1:?OUT} part=${2:?PART (1-7)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -67,6 +70,10 @@ case $part in
        fi
        gzip -c "$report.sqlite" > "$out/${report#/tmp/}.sqlite.gz"
      done ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 5, not $part" >&2; exit 2 ;;
+  6|7) shapes=$([ "$part" = 6 ] && echo "o_proj,dense gate/up" || echo "q_b_proj,shared expert gate/up,shared expert down")
+     timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-split --shapes "$shapes" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_split$part.json" > "$out/split_$part.log" 2>&1
+     tail -30 "$out/split_$part.log" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 7, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -3,6 +3,8 @@ replaced (the real ones need the H200): a blocking whose output differs from the
 never picked however fast, the fastest invariant one is, equal picks at consecutive M merge into
 one range, and a base tiling that differs from itself across M stops the run."""
 
+import math
+
 import pytest
 import torch
 
@@ -15,10 +17,10 @@ BASE = Tiles(64, 128, 64, 4, 4)
 
 class FakeGemm:
     """x @ w.T, off by a little for the `poisoned` tilings (at the call's M); `cost` gives each
-    blocking's time at the call's M, cuBLAS's 1.0."""
+    blocking's time at the call's M, cuBLAS's 1.0, times `by_split` of the tiling's split count."""
 
-    def __init__(self, poisoned, cost):
-        self.poisoned, self.cost, self.last = poisoned, cost, None
+    def __init__(self, poisoned, cost, by_split=lambda split_k, m: 1.0):
+        self.poisoned, self.cost, self.by_split, self.last = poisoned, cost, by_split, None
 
     def linear(self, x, w, tiles):
         self.last = (tiles, x.shape[0])
@@ -28,7 +30,10 @@ class FakeGemm:
     def bench(self, call, rep_ms=None):
         self.last = None
         call()
-        return 1.0 if self.last is None else self.cost(blocking_of(self.last[0]), self.last[1])
+        if self.last is None:
+            return 1.0
+        tiles, m = self.last
+        return self.cost(blocking_of(tiles), m) * self.by_split(tiles.split_k, m)
 
 
 @pytest.fixture
@@ -142,3 +147,28 @@ def test_the_invariance_verdict_leaves_out_pipelines_that_do_not_fit_but_not_fai
     assert verdict([kept, {"does_not_fit": "out of resource: shared memory"}]) == "identical"
     assert verdict([kept, {"error": "an illegal memory access"}]) == "incomplete"
     assert verdict([kept, {"identical_rows": 4, "rows": 5}]) == "differs"
+
+
+def test_the_split_pass_keeps_the_count_whose_blocking_meets_the_goal_at_more_points(monkeypatch, inputs):
+    """1.4x everywhere unsplit; 2 chunks make M <= 136 cuBLAS's time (5 goal points), 4 chunks M >=
+    544 (2 points, and 4,096 is no goal point). A count that k_chunks clamps to one already searched
+    is not searched again (K 16 in BLOCK_K 8: 2 blocks, so 4 chunks clamp to 2)."""
+    def by_split(split_k, m):
+        fast = (split_k == 2 and m <= 136) or (split_k == 4 and m >= 544)
+        return 1 / 1.4 if fast else 1.0
+
+    gemm = FakeGemm(poisoned=lambda tiles, m: False, cost=lambda b, m: 1.4, by_split=by_split)
+    monkeypatch.setattr(tuner, "batch_invariant_linear", gemm.linear)
+    monkeypatch.setattr(tuner, "bench", gemm.bench)
+    tiles, ranges, tried, splits = tuner.tune_split(*inputs, BASE._replace(block_k=4))
+    assert tiles.split_k == 2 and tiles.block_k == 4
+    assert [(s["split_k"], s["met"]) for s in splits] == [(1, 0), (2, 5), (4, 2)]
+    _, _, _, clamped = tuner.tune_split(*inputs, BASE._replace(block_k=8))
+    assert [s["split_k"] for s in clamped] == [1, 2]
+    assert {e["m"] for e in tried} == set(tuner.ROWS)
+    assert any(e["blocking"]["split_in_program"] for e in tried)  # the chosen count's own blocking search
+
+
+def test_the_goal_score_counts_points_up_to_1088_rows_then_how_far_off_they_are():
+    assert tuner.goal_score({1: 1.3, 17: 1.2, 4096: 9.0}) == (1, pytest.approx(-math.log(1.2 / 1.15)))
+    assert tuner.goal_score({17: 1.0, 136: 1.5}) > tuner.goal_score({17: 1.0, 136: 1.6})
