@@ -31,9 +31,10 @@ with its tiles loaded by the TMA (`tma`), with each launch pair, for a split til
 far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
 then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
 pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
-(M = 136: 128 + 16 computes 144 rows, 64 three times 192), and last the best so far with a deeper pipeline (DEEP_STAGES at its
+(M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
-its bandwidth).
+its bandwidth), and last the best so far made persistent (`persistent`: a program per SM looping
+over the tiles, one tile's loads pipelined under the last one's dots).
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
 paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
@@ -147,7 +148,7 @@ def tiles_line(tiles: Tiles) -> str:
     named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
              + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else [])
              + (["split_in_program=True"] if tiles.split_in_program else [])
-             + ([f"tail_m={tiles.tail_m}"] if tiles.tail_m else []))
+             + ([f"tail_m={tiles.tail_m}"] if tiles.tail_m else []) + (["persistent=True"] if tiles.persistent else []))
     return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
 
 
@@ -231,6 +232,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
                    if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
+        time_each([(fastest() or blocking_of(base))._replace(persistent=True)])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
@@ -403,11 +405,11 @@ def print_tuned(tuned: dict) -> None:
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
-    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma, split_in_program and
-    tail_m named where set."""
+    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma, split_in_program, tail_m
+    and persistent named where set."""
     def blocking(b: Blocking) -> str:
         named = ((", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
-                 + (f", tail_m={b.tail_m}" if b.tail_m else ""))
+                 + (f", tail_m={b.tail_m}" if b.tail_m else "") + (", persistent=True" if b.persistent else ""))
         return f"Blocking({', '.join(map(str, b[:4]))}{named})"
     return "(" + " ".join(f"({bound}, {blocking(b)})," for bound, b in ranges) + ")"
 

@@ -1,7 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
-tiling's chunks summed in one program, a second row tile per program), at Kimi K2's projection
-shapes in bf16.
+tiling's chunks summed in one program, a second row tile per program, a persistent grid), at Kimi
+K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -16,7 +16,7 @@ For each shape: the shape's tiling (`base_tiles`) on max(ROWS) = 4,096 random ro
 reference; the tiling itself (the control: any difference there is M-dependence, a bug) and each
 variant (`variants`: the warps, the stages, the launch pairs the tuner tries, BLOCK_M in 16, 32,
 64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair, a split tiling's chunks summed in the
-program, TMA loads) compute every M of the tuner's table (the decode range and a batched prefill's
+program, a second row tile, a persistent grid, TMA loads) compute every M of the tuner's table (the decode range and a batched prefill's
 4,096), and the table counts their rows bit-identical to the reference's and the largest
 difference. Rows are compared as the fp32
 accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
@@ -52,7 +52,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     own bit-for-bit check covers those): the warps alone, the stages alone, each launch pair (warps,
     stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
     summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
-    launch pair, and TMA loads with each launch pair, each BLOCK_M and each pair of row tiles; each
+    launch pair, a persistent grid with each launch pair, and TMA loads with each launch pair
+    (persistent too), each BLOCK_M and each pair of row tiles; each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -67,7 +68,11 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
                     for warps, stages in LAUNCHES]
     changed += [("tail_m", tiles._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages))
                 for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES]
+    changed += [("persistent", tiles._replace(num_warps=warps, num_stages=stages, persistent=True))
+                for warps, stages in LAUNCHES]
     changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True)) for warps, stages in LAUNCHES]
+    changed += [("tma", tiles._replace(num_warps=warps, num_stages=stages, tma=True, persistent=True))
+                for warps, stages in LAUNCHES]
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("tma", tiles._replace(block_m=block_m, tail_m=tail, tma=True)) for block_m, tail in TAILED_ROWS]

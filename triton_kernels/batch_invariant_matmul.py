@@ -43,6 +43,11 @@ the same dots, so the same bits by construction of the algorithm, and on the H20
 fact (benchmarks/tile_invariance.py); `--tune-blocking` picks it per M under the same bit-for-bit
 check.
 
+A blocking may be persistent (`persistent`): one program per SM, each looping over the output
+tiles in launch order (M fastest) with its loop flattened, so that the compiler may pipeline a
+tile's first loads under the previous tile's last dots and its store, as a grid of one program
+per tile cannot. Each tile's operations are unchanged, so are its bits (the tuner checks them).
+
 float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
 of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
 
@@ -75,6 +80,7 @@ class Tiles(NamedTuple):
     fp32_dot: str = "ieee"
     split_in_program: bool = False  # split_k's chunks summed inside each program, no workspace (a blocking)
     tail_m: int = 0  # rows past BLOCK_M that each program also computes, in a second tile (a blocking)
+    persistent: bool = False  # a program per SM looping over the tiles (a blocking; see the docstring)
 
 
 class Blocking(NamedTuple):
@@ -87,6 +93,7 @@ class Blocking(NamedTuple):
     tma: bool = False
     split_in_program: bool = False
     tail_m: int = 0
+    persistent: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -153,7 +160,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
-                    tiles.tail_m)
+                    tiles.tail_m, tiles.persistent)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -246,25 +253,24 @@ def _sum_partials(partial_ptr, out_ptr, splits, row0, col0, M, N, stride_ps, str
     _store_tile(out_ptr, acc, row0, col0, M, N, stride_om, stride_on, ROWS, BLOCK_N)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N, K, batches, k_chunk,
-                   stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                   stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
-                   BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr):
-    """out[b] = x[b] @ w[b]^T, its K chunks each [c * k_chunk, (c + 1) * k_chunk) accumulated from
-    zero and then added in the order c = 0, 1, ... (axis 2: s * batches + b).
-    WORKSPACE: one chunk per program (s), its partial to the workspace plane partial[s, b]; the
+@triton.jit
+def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m, pid_n, axis2, grid_m, grid_n, planes,
+                 M, N, K, batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                 stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
+                 BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr):
+    """The output tile (pid_m, pid_n) of plane axis2 = s * batches + b, of a grid_m x grid_n x planes
+    grid: its K chunks each [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added
+    in the order c = 0, 1, ....
+    WORKSPACE: one chunk per tile (s), its partial to the workspace plane partial[s, b]; the
     program whose partial arrives last at a tile (counter_ptr: one int32 per tile, zero between
     products) adds the tile's planes in order into out and zeroes the counter. Otherwise all CHUNKS
     chunks in one program (CHUNKS = 1: unsplit), the same fp32 operations in the same order, summed
-    straight into out. A program's rows: BLOCK_M + TAIL_M from pid_m * (BLOCK_M + TAIL_M)
+    straight into out. A tile's rows: BLOCK_M + TAIL_M from pid_m * (BLOCK_M + TAIL_M)
     (_chunk_product's two tiles).
     TMA: x_ptr, xt_ptr and w_ptr are tensor descriptors of [B, M, K] (tiles of BLOCK_M and of the
     tail's rows) and [B, N, K], whose loads fill what lies past M, N or K with zeros, as the masked
     loads do: the same operands for the same dots."""
-    # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
-    pid_m, pid_n, axis2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     split, matrix = axis2 // batches, axis2 % batches  # matrix: the descriptors' int32 coordinate
     row0, col0 = pid_m * (BLOCK_M + TAIL_M), pid_n * BLOCK_N
     # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
@@ -285,8 +291,8 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
         _store_tile(plane, acc, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
         if TAIL_M > 0:
             _store_tile(plane, acc_tail, row0 + BLOCK_M, col0, M, N, stride_pm, stride_pn, TAIL_M, BLOCK_N)
-        splits = tl.num_programs(2) // batches
-        tile = counter_ptr + (matrix * tl.num_programs(1) + pid_n) * tl.num_programs(0) + pid_m
+        splits = planes // batches
+        tile = counter_ptr + (matrix * grid_n + pid_n) * grid_m + pid_m
         tl.debug_barrier()  # every thread's share of the partial stored before the count says it is
         if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
             _sum_partials(partial, out, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
@@ -299,6 +305,36 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
         _store_tile(out, acc, row0, col0, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
         if TAIL_M > 0:
             _store_tile(out, acc_tail, row0 + BLOCK_M, col0, M, N, stride_om, stride_on, TAIL_M, BLOCK_N)
+
+
+@triton.jit(do_not_specialize=["M", "grid_m"])
+def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N, K, batches, k_chunk,
+                   grid_m, grid_n, planes, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                   stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
+                   BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr,
+                   PERSISTENT: tl.constexpr):
+    """out[b] = x[b] @ w[b]^T, tile by tile (_output_tile) over a grid_m x grid_n x planes grid.
+    Not PERSISTENT: one program per tile, launched on that grid. PERSISTENT: a program per SM,
+    each taking tiles pid, pid + programs, ... in the same order, M fastest; the loop is flattened
+    so that the compiler can pipeline one tile's loads under the last one's dots and stores (not
+    with a workspace: triton 3.6's flattening fails on the tile counters' branch). A tile's
+    operations are the same either way, so are its bits."""
+    if PERSISTENT:
+        tiles = grid_m * grid_n * planes
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=not WORKSPACE):
+            _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, tile % grid_m,
+                         (tile // grid_m) % grid_n, tile // (grid_m * grid_n), grid_m, grid_n, planes, M, N, K,
+                         batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                         stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
+                         BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, CHUNKS, WORKSPACE)
+    else:
+        # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
+        _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, tl.program_id(0), tl.program_id(1),
+                     tl.program_id(2), grid_m, grid_n, planes, M, N, K, batches, k_chunk, stride_xb, stride_xm,
+                     stride_xk, stride_wb, stride_wn, stride_wk, stride_ps, stride_pb, stride_pm, stride_pn,
+                     stride_ob, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, CHUNKS,
+                     WORKSPACE)
 
 
 def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -327,8 +363,8 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     workspace = splits > 1 and not t.split_in_program
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                    FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma,
-                   CHUNKS=1 if workspace else splits, WORKSPACE=workspace, num_warps=t.num_warps,
-                   num_stages=t.num_stages)
+                   CHUNKS=1 if workspace else splits, WORKSPACE=workspace, PERSISTENT=t.persistent,
+                   num_warps=t.num_warps, num_stages=t.num_stages)
     return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m + t.tail_m), triton.cdiv(n, t.block_n)), options
 
 
@@ -349,15 +385,23 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
         counters = _tile_counters(x.device, programs[0] * programs[1] * batch)
     else:
         partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
-    grid = (*programs, (splits if workspace else 1) * batch)
+    planes = (splits if workspace else 1) * batch
+    grid = (min(programs[0] * programs[1] * planes, _programs_per_device(x.device)),) if t.persistent else (*programs, planes)
     if t.tma:
         x_arg, w_arg = _descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)
         xt_arg = _descriptor(x, t.tail_m, t.block_k) if t.tail_m else x_arg
     else:
         x_arg, xt_arg, w_arg = x, x, w
     partial_strides = partials.stride() if workspace else (0, *out.stride())
-    _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *x.stride(),
-                         *w.stride(), *partial_strides, *out.stride(), **options)
+    _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *programs, planes,
+                         *x.stride(), *w.stride(), *partial_strides, *out.stride(), **options)
+
+
+@functools.lru_cache(maxsize=None)
+def _programs_per_device(device: torch.device) -> int:
+    """A persistent blocking's program count: one per SM (the interpreter's CPU: 3, so that its
+    programs loop over several tiles each)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
 
 
 # One int32 per tile of a workspace product, per device: zero between products (the last program of

@@ -172,3 +172,12 @@ def test_the_split_pass_keeps_the_count_whose_blocking_meets_the_goal_at_more_po
 def test_the_goal_score_counts_points_up_to_1088_rows_then_how_far_off_they_are():
     assert tuner.goal_score({1: 1.3, 17: 1.2, 4096: 9.0}) == (1, pytest.approx(-math.log(1.2 / 1.15)))
     assert tuner.goal_score({17: 1.0, 136: 1.5}) > tuner.goal_score({17: 1.0, 136: 1.6})
+
+
+def test_the_persistent_pass_tries_the_best_blocking_persistent_at_every_m(monkeypatch, inputs):
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
+                         cost=lambda b, m: 0.5 if b.persistent and m >= 544 else 1.0)
+    for m in tuner.ROWS:
+        assert sum(e["blocking"]["persistent"] for e in tried if e["m"] == m) == 1
+    assert with_blocking(BASE, ranges, 1088).persistent and not with_blocking(BASE, ranges, 136).persistent
+    assert "persistent=True" in tuner.ranges_line(ranges)
