@@ -50,8 +50,8 @@ count fixes every element's K loop, so it stays one per shape; `--tune`'s pick s
 with one blocking for every M, which no longer runs. The run records each count's points
 ("split_tuned") and the chosen count's blocking search ("blocking_tuned", as `--tune-blocking`
 does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. It costs one blocking
-search per count (the fifth blocking run, one count per shape: 325 s per five shapes with their
-table on the H200).
+search per count: 33-79 s per shape in the fifth blocking run (the "seconds" of
+benchmarks/results/batch_invariant_matmul_blocking_tuning_9.json and _10.json).
 
 How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
 a fresh tiling's compile a second or two. Tuning all ten bf16 shapes is at most 10 x 5 cuBLAS
@@ -271,7 +271,7 @@ def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[Tiles, tu
     summaries, best = [], None
     chunk_counts = set()
     for split_k in SPLIT_COUNTS:
-        tiles = base._replace(split_k=split_k, split_in_program=False)
+        tiles = base._replace(split_k=split_k)
         chunks = k_chunks(w.shape[1], tiles.block_k, split_k)[1]
         if chunks in chunk_counts:
             continue

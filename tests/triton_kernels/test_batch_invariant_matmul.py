@@ -210,7 +210,7 @@ def test_a_persistent_blocking_gives_the_bits_of_a_program_per_tile(dtype, split
 
 
 @pytest.mark.parametrize("tail_m", [0, 16])
-def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m):
+def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m, monkeypatch):
     """The last program of each tile sums the workspace and zeroes the tile's counter: after a
     product every counter is 0 again, so the next product sums the right partials: the float64
     product, the same bits each time. A buffer too small for a product's tiles is replaced by a
@@ -219,7 +219,8 @@ def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m):
     tiles = split_tiles(3)._replace(tail_m=tail_m)
     w = random((72, 200), torch.float32, gen, 200 ** -0.5)
     device = torch.device(DEVICE)
-    gemm._COUNTERS[device] = [torch.zeros(1, dtype=torch.int32, device=device)]  # too few: the first product grows it
+    # Too few: the first product grows it. The module's own buffers come back after the test.
+    monkeypatch.setitem(gemm._COUNTERS, device, [torch.zeros(1, dtype=torch.int32, device=device)])
     for m in (37, 37, 70):
         x = random((m, 200), torch.float32, gen)
         first = batch_invariant_linear(x, w, tiles)
