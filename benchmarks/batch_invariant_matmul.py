@@ -34,7 +34,9 @@ pair, where it leaves fewer padded rows than the best's row tile and the tail ca
 (M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth), and last the best so far made persistent (`persistent`: a program per SM looping
-over the tiles, one tile's loads pipelined under the last one's dots).
+over the tiles, one tile's loads pipelined under the last one's dots). Beside the base's own
+blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
+it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
 paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
@@ -184,6 +186,15 @@ def tune(x: torch.Tensor, w: torch.Tensor) -> tuple[Tiles, list[dict]]:
     return Tiles(**pick["tiles"]), tried
 
 
+def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
+    """The blocking BLOCKING_BY_M serves M rows of this shape today, where it can run on base (an
+    in-program split sum needs a split): timed beside the passes, so a re-run's pick is never one
+    its own greedy path happened to miss (the split run at 69c7370 picked 64 x 128 for o_proj at
+    M = 544, 137 us, where the table's 64 x 256 had run 103 in the fifth run)."""
+    blocking = blocking_of(with_blocking(base, BLOCKING_BY_M.get(shape, ()), m))
+    return [] if blocking.split_in_program and base.split_k == 1 else [blocking]
+
+
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
                   rows: list[int] = ROWS) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
@@ -216,8 +227,9 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         def fastest() -> Blocking | None:
             return min((b for b, ratio in best.items() if ratio is not None), key=best.get, default=None)
 
-        time_each([blocking_of(base)] + [Blocking(block_m, base.block_n, warps, stages)
-                                         for block_m, warps, stages in ROW_BLOCKINGS if block_m <= widest])
+        time_each([blocking_of(base)] + incumbent(base, tuple(w.shape), m)
+                  + [Blocking(block_m, base.block_n, warps, stages) for block_m, warps, stages in ROW_BLOCKINGS
+                     if block_m <= widest])
         rows_pick = fastest() or blocking_of(base)
         time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
         so_far = fastest() or blocking_of(base)

@@ -298,14 +298,14 @@ def test_per_head_split_k_matches_float64_and_is_batch_invariant(split_k):
 def test_tuned_tilings_are_the_committed_tuning_runs_picks():
     """TUNED and TUNED_FP32 hold the picks of `benchmarks/batch_invariant_matmul.py --tune` (the lines
     it prints): bf16 ones in batch_invariant_matmul_tuning.json, the router's in its _router file;
-    a shape's split count re-picked by a later `--tune-split` (a blocking run's "split_tuned")
-    over them."""
+    a shape's split count re-picked by a later `--tune-split` (a blocking run's "split_tuned", or a
+    split run's that kept every count: batch_invariant_matmul_split_tuning*.json) over them."""
     picks = {}
     for path in TUNING.parent.glob("batch_invariant_matmul_tuning*.json"):
         tuned = json.loads(path.read_text())["tuned"]
         assert tuned, f"{path} holds no tuning run"
         picks.update({(pick.get("dtype", "bfloat16"), shape): pick for shape, pick in tuned.items()})
-    for path in BLOCKING_TUNINGS:
+    for path in BLOCKING_TUNINGS + sorted(TUNING.parent.glob("batch_invariant_matmul_split_tuning*.json")):
         picks.update({(pick["dtype"], shape): pick for shape, pick in json.loads(path.read_text()).get("split_tuned", {}).items()})
     for (dtype, shape), pick in picks.items():
         n, k = map(int, shape.split("x"))

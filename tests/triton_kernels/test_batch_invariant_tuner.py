@@ -181,3 +181,16 @@ def test_the_persistent_pass_tries_the_best_blocking_persistent_at_every_m(monke
         assert sum(e["blocking"]["persistent"] for e in tried if e["m"] == m) == 1
     assert with_blocking(BASE, ranges, 1088).persistent and not with_blocking(BASE, ranges, 136).persistent
     assert "persistent=True" in tuner.ranges_line(ranges)
+
+
+def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_reaches_it(monkeypatch, inputs):
+    """7 stages at 32 x 256 is in no pass's reach (DEEP_STAGES: 5, 6, 8); as the table's pick at
+    M <= 64 it is timed there, and wins, and nowhere else; an in-program split sum in the table is
+    not timed on an unsplit base."""
+    shape = tuple(inputs[1].shape)
+    table = Blocking(32, 256, 8, 7)
+    monkeypatch.setitem(tuner.BLOCKING_BY_M, shape, ((64, table), (4096, Blocking(64, 128, 4, 4, split_in_program=True))))
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: 0.5 if b == table else 1.0)
+    assert with_blocking(BASE, ranges, 64) == BASE._replace(**table._asdict())
+    assert {e["m"] for e in tried if Blocking(**e["blocking"]) == table} == {m for m in tuner.ROWS if m <= 64}
+    assert not any(e["blocking"]["split_in_program"] for e in tried)
