@@ -12,8 +12,8 @@ What may follow M is the blocking (`Blocking`: BLOCK_M, BLOCK_N, warps, pipeline
 where a split tiling's chunks are summed, a tail row tile, a persistent grid): it changes which
 outputs share a program and how they are loaded and added up, not an element's K loop (BLOCK_K
 steps, split-K chunks). On the H200 every row kept its fp32 accumulator bits across BLOCK_M
-16..128, BLOCK_N 32..256, 4 or 8 warps, 3 to 8 stages, tail tiles and TMA loads at all ten K2
-shapes (the persistent grid not run there yet; benchmarks/tile_invariance.py ->
+16..128, BLOCK_N 32..256, 4 or 8 warps, 3 to 8 stages, tail tiles, TMA loads and the persistent
+grid at all ten K2 shapes (benchmarks/tile_invariance.py ->
 benchmarks/results/tile_invariance.json), and the tuner keeps a blocking only if its bf16 output is
 bit-identical to the base tiling's on the same rows. So one tiling no longer has to
 serve M = 1 (memory-bound) and M = 1,088 (compute-bound) at once: BLOCKING_BY_M picks the
