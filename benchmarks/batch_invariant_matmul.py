@@ -31,7 +31,10 @@ with its tiles loaded by the TMA (`tma`), with each launch pair, for a split til
 far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
 then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
 pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
-(M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
+(M = 136: 128 + 16 computes 144 rows, 64 three times 192), then warp-specialized blockings
+(`warp_specialize`: a producer warp issuing the TMA loads, consumer warps running the dots, as
+cuBLAS's Hopper kernels do; the best so far's tile and 128 x 256, WARP_SPECIALIZED_TILE, at 4
+warps, from M = 64 up: BLOCK_M >= 64), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth), and last the best so far made persistent (`persistent`: a program per SM looping
 over the tiles, one tile's loads pipelined under the last one's dots). Beside the base's own
@@ -121,7 +124,12 @@ ROW_BLOCKINGS = [(block_m, warps, stages) for block_m in (16, 32, 64, 128) for w
 COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) for warps, stages in LAUNCHES]
 # Last pass: (BLOCK_M, tail_m), a program's two row tiles (Blocking.tail_m).
 TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
-DEEP_STAGES = (5, 6, 8)  # the very last pass: more stages at the best's warps
+DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's warps
+# Warp specialization (Blocking.warp_specialize) takes effect at 4 warps and BLOCK_M >= 64, with TMA
+# loads and no tail: the best so far's tile at such a BLOCK_M, and 128 x 256 (the size of cuBLAS's
+# Hopper tiles at these shapes: 256 x 160 and 192 x 192 in a k2-layer capture's lm_head).
+WARP_SPECIALIZED_TILE = (128, 256)
+WARP_SPECIALIZED_STAGES = (3, 4)
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
@@ -144,14 +152,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def spelled(fields: Tiles | Blocking, positional: int) -> str:
+    """A Tiles or Blocking as the kernel file spells it: the first `positional` fields by position,
+    the others named where not their defaults."""
+    named = [f"{name}={value!r}".replace("'", '"') for name, value in zip(fields._fields[positional:], fields[positional:])
+             if value != fields._field_defaults[name]]
+    return f"{type(fields).__name__}({', '.join([*map(str, fields[:positional]), *named])})"
+
+
 def tiles_line(tiles: Tiles) -> str:
-    """A Tiles as TUNED spells it: the five tile sizes positional, the other fields named where not
-    their defaults."""
-    named = (([f"split_k={tiles.split_k}"] if tiles.split_k != 1 else []) + (["tma=True"] if tiles.tma else [])
-             + ([f'fp32_dot="{tiles.fp32_dot}"'] if tiles.fp32_dot != "ieee" else [])
-             + (["split_in_program=True"] if tiles.split_in_program else [])
-             + ([f"tail_m={tiles.tail_m}"] if tiles.tail_m else []) + (["persistent=True"] if tiles.persistent else []))
-    return f"Tiles({', '.join([str(value) for value in tiles[:5]] + named)})"
+    """A Tiles as TUNED spells it: the five tile sizes positional."""
+    return spelled(tiles, 5)
 
 
 def inputs(n: int, k: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,6 +204,15 @@ def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
     M = 544, 137 us, where the table's 64 x 256 had run 103 in the fifth run)."""
     blocking = blocking_of(with_blocking(base, BLOCKING_BY_M.get(shape, ()), m))
     return [] if blocking.split_in_program and base.split_k == 1 else [blocking]
+
+
+def warp_specialized(so_far: Blocking, widest: int) -> list[Blocking]:
+    """The warp-specialized blockings tried after the best so far (WARP_SPECIALIZED_TILE's comment),
+    no wider in rows than M needs."""
+    tiles = dict.fromkeys([(max(64, so_far.block_m), so_far.block_n), WARP_SPECIALIZED_TILE])
+    return [Blocking(block_m, block_n, 4, stages, tma=True, split_in_program=so_far.split_in_program,
+                     warp_specialize=True)
+            for block_m, block_n in tiles for stages in WARP_SPECIALIZED_STAGES if block_m <= widest]
 
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
@@ -242,6 +262,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
                    for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
                    if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
+        time_each(warp_specialized(fastest() or blocking_of(base), widest))
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         time_each([(fastest() or blocking_of(base))._replace(persistent=True)])
@@ -417,13 +438,8 @@ def print_tuned(tuned: dict) -> None:
 
 
 def ranges_line(ranges: tuple[tuple[int, Blocking], ...]) -> str:
-    """A BLOCKING_BY_M entry as the kernel file spells it: positional, tma, split_in_program, tail_m
-    and persistent named where set."""
-    def blocking(b: Blocking) -> str:
-        named = ((", tma=True" if b.tma else "") + (", split_in_program=True" if b.split_in_program else "")
-                 + (f", tail_m={b.tail_m}" if b.tail_m else "") + (", persistent=True" if b.persistent else ""))
-        return f"Blocking({', '.join(map(str, b[:4]))}{named})"
-    return "(" + " ".join(f"({bound}, {blocking(b)})," for bound, b in ranges) + ")"
+    """A BLOCKING_BY_M entry as the kernel file spells it: each blocking's tile sizes, warps and stages positional."""
+    return "(" + " ".join(f"({bound}, {spelled(b, 4)})," for bound, b in ranges) + ")"
 
 
 def print_blocking_by_m(result: dict) -> None:

@@ -1,6 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
-tiling's chunks summed in one program, a second row tile per program, a persistent grid), at Kimi
+tiling's chunks summed in one program, a second row tile per program, a persistent grid, warp
+specialization), at Kimi
 K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
@@ -16,7 +17,7 @@ For each shape: the shape's tiling (`base_tiles`) on max(ROWS) = 4,096 random ro
 reference; the tiling itself (the control: any difference there is M-dependence, a bug) and each
 variant (`variants`: the warps, the stages, the launch pairs the tuner tries, BLOCK_M in 16, 32,
 64, 128 or BLOCK_N in 32, 64, 128, 256 with each launch pair, a split tiling's chunks summed in the
-program, a second row tile, a persistent grid, TMA loads) compute every M of the tuner's table (the decode range and a batched prefill's
+program, a second row tile, a persistent grid, TMA loads, warp-specialized loops) compute every M of the tuner's table (the decode range and a batched prefill's
 4,096), and the table counts their rows bit-identical to the reference's and the largest
 difference. Rows are compared as the fp32
 accumulators (the kernel stores them uncast into an fp32 output): a 1-ulp difference there would
@@ -39,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, TAILED_ROWS,  # noqa: E402
-                                                inputs)
+                                                WARP_SPECIALIZED_STAGES, WARP_SPECIALIZED_TILE, inputs)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
@@ -53,7 +54,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
     summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
     launch pair, a persistent grid with each launch pair, and TMA loads with each launch pair
-    (persistent too), each BLOCK_M and each pair of row tiles; each
+    (persistent too), each BLOCK_M and each pair of row tiles, and warp-specialized TMA loops at
+    64 rows and the base's columns and at WARP_SPECIALIZED_TILE (persistent too); each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -76,6 +78,10 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("tma", tiles._replace(block_m=block_m, tail_m=tail, tma=True)) for block_m, tail in TAILED_ROWS]
+    specialized = [tiles._replace(block_m=block_m, block_n=block_n, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES[0],
+                                  tma=True, warp_specialize=True)
+                   for block_m, block_n in ((64, tiles.block_n), WARP_SPECIALIZED_TILE)]
+    changed += [("warp_specialize", variant) for variant in specialized + [specialized[-1]._replace(persistent=True)]]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -49,6 +49,13 @@ tiles in launch order (M fastest) with its loop flattened, so that the compiler 
 tile's first loads under the previous tile's last dots and its store, as a grid of one program
 per tile cannot. Each tile's operations are unchanged, so are its bits (the tuner checks them).
 
+A blocking may be warp-specialized (`warp_specialize`, with TMA loads and no tail tile): triton 3.6
+splits the K loop's warps into a producer that issues the TMA loads and consumers that run the
+dots, as cuBLAS's Hopper kernels do, instead of each warp waiting on its own loads between its
+dots (compiled for sm_90 at 4 warps, the kernel runs 12). It takes effect at 4 warps and BLOCK_M
+>= 64 only (elsewhere triton leaves the loop as it was). The dots, their operands and their order
+are those of the plain loop, so are the bits (the tuner checks them).
+
 float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
 of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
 
@@ -82,6 +89,7 @@ class Tiles(NamedTuple):
     split_in_program: bool = False  # split_k's chunks summed inside each program, no workspace (a blocking)
     tail_m: int = 0  # rows past BLOCK_M that each program also computes, in a second tile (a blocking)
     persistent: bool = False  # a program per SM looping over the tiles (a blocking; see the docstring)
+    warp_specialize: bool = False  # TMA loads and dots in separate warps (a blocking; see the docstring)
 
 
 class Blocking(NamedTuple):
@@ -95,6 +103,7 @@ class Blocking(NamedTuple):
     split_in_program: bool = False
     tail_m: int = 0
     persistent: bool = False
+    warp_specialize: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -161,7 +170,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
-                    tiles.tail_m, tiles.persistent)
+                    tiles.tail_m, tiles.persistent, tiles.warp_specialize)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -182,7 +191,7 @@ def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
 def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                    BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   FP32_DOT: tl.constexpr, TMA: tl.constexpr):
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """The tiles of x[matrix] @ w[matrix]^T at column col0 over the K chunk [k_start, k_start +
     k_chunk), accumulated in fp32 from zero: rows row0 .. row0 + BLOCK_M and (TAIL_M > 0) the
     TAIL_M rows after them, both dots on each weight tile loaded once (TAIL_M = 0: the tail stays
@@ -202,7 +211,7 @@ def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k
         w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_tail = tl.zeros([TAIL, BLOCK_N], dtype=tl.float32)
-    for k in range(0, k_chunk, BLOCK_K):
+    for k in tl.range(0, k_chunk, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         if TMA:
             a = x_ptr.load([matrix, row0, k_start + k]).reshape(BLOCK_M, BLOCK_K)
             b = w_ptr.load([matrix, col0, k_start + k]).reshape(BLOCK_N, BLOCK_K).T
@@ -259,7 +268,8 @@ def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m,
                  M, N, K, batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                  stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
                  BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr):
+                 FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, CHUNKS: tl.constexpr,
+                 WORKSPACE: tl.constexpr):
     """The output tile (pid_m, pid_n) of plane axis2 = s * batches + b, of a grid_m x grid_n x planes
     grid: its K chunks each [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added
     in the order c = 0, 1, ....
@@ -277,12 +287,12 @@ def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m,
     # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
     acc, acc_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk,
                                    k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA)
+                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE)
     for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_partials
         more, more_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K,
                                          (split * CHUNKS + c) * k_chunk, k_chunk, stride_xb, stride_xm, stride_xk,
                                          stride_wb, stride_wn, stride_wk, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K,
-                                         FP32_DOT, TMA)
+                                         FP32_DOT, TMA, WARP_SPECIALIZE)
         acc += more
         acc_tail += more_tail
     out = out_ptr + matrix.to(tl.int64) * stride_ob
@@ -313,29 +323,30 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
                    grid_m, grid_n, planes, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                    stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
                    BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, CHUNKS: tl.constexpr, WORKSPACE: tl.constexpr,
-                   PERSISTENT: tl.constexpr):
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, CHUNKS: tl.constexpr,
+                   WORKSPACE: tl.constexpr, PERSISTENT: tl.constexpr):
     """out[b] = x[b] @ w[b]^T, tile by tile (_output_tile) over a grid_m x grid_n x planes grid.
     Not PERSISTENT: one program per tile, launched on that grid. PERSISTENT: a program per SM,
     each taking tiles pid, pid + programs, ... in the same order, M fastest; the loop is flattened
     so that the compiler can pipeline one tile's loads under the last one's dots and stores (not
-    with a workspace: triton 3.6's flattening fails on the tile counters' branch). A tile's
-    operations are the same either way, so are its bits."""
+    with a workspace, whose tile counters' branch triton 3.6 fails to flatten, nor around a
+    warp-specialized K loop, which flattening leaves unspecialized). A tile's operations are the
+    same either way, so are its bits."""
     if PERSISTENT:
         tiles = grid_m * grid_n * planes
-        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=not WORKSPACE):
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=not (WORKSPACE or WARP_SPECIALIZE)):
             _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, tile % grid_m,
                          (tile // grid_m) % grid_n, tile // (grid_m * grid_n), grid_m, grid_n, planes, M, N, K,
                          batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                          stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
-                         BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, CHUNKS, WORKSPACE)
+                         BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE, CHUNKS, WORKSPACE)
     else:
         # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
         _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, tl.program_id(0), tl.program_id(1),
                      tl.program_id(2), grid_m, grid_n, planes, M, N, K, batches, k_chunk, stride_xb, stride_xm,
                      stride_xk, stride_wb, stride_wn, stride_wk, stride_ps, stride_pb, stride_pm, stride_pn,
-                     stride_ob, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, CHUNKS,
-                     WORKSPACE)
+                     stride_ob, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA,
+                     WARP_SPECIALIZE, CHUNKS, WORKSPACE)
 
 
 def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -360,10 +371,13 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     t = tiles or tiles_for(n, k, dtype, m)
     if t.tail_m and (t.tail_m < 16 or t.tail_m & (t.tail_m - 1)):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
+    if t.warp_specialize and (not t.tma or t.tail_m):
+        raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads and no tail tile (triton 3.6 "
+                         "cannot split pointer loads or a second dot into their own warps)")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                   FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma,
+                   FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma, WARP_SPECIALIZE=t.warp_specialize,
                    CHUNKS=1 if workspace else splits, WORKSPACE=workspace, PERSISTENT=t.persistent,
                    num_warps=t.num_warps, num_stages=t.num_stages)
     return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m + t.tail_m), triton.cdiv(n, t.block_n)), options
