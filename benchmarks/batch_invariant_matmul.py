@@ -33,8 +33,7 @@ then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS),
 pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
 (M = 136: 128 + 16 computes 144 rows, 64 three times 192), then warp-specialized blockings
 (`warp_specialize`: a producer warp issuing the TMA loads, consumer warps running the dots, as
-cuBLAS's Hopper kernels do; the best so far's tile and 128 x 256, WARP_SPECIALIZED_TILE, at 4
-warps, from M = 64 up: BLOCK_M >= 64), then the best so far with a deeper pipeline (DEEP_STAGES at its
+cuBLAS's Hopper kernels do; the best so far's BLOCK_N at 64 x 4 warps, from M = 64 up), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth), and last the best so far made persistent (`persistent`: a program per SM looping
 over the tiles, one tile's loads pipelined under the last one's dots). Beside the base's own
@@ -126,9 +125,9 @@ COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) f
 TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
 DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's warps
 # Warp specialization (Blocking.warp_specialize) takes effect at 4 warps and BLOCK_M >= 64, with TMA
-# loads and no tail: the best so far's tile at such a BLOCK_M, and 128 x 256 (the size of cuBLAS's
-# Hopper tiles at these shapes: 256 x 160 and 192 x 192 in a k2-layer capture's lm_head).
-WARP_SPECIALIZED_TILE = (128, 256)
+# loads, no tail and no workspace: the best so far's BLOCK_N at BLOCK_M = 64 (one consumer warp
+# group: at 128, as in cuBLAS's Hopper tiles, triton 3.6 failed to compile it on the H200, and a
+# q_b_proj tuning run hung at M = 136, 2026-12-03).
 WARP_SPECIALIZED_STAGES = (3, 4)
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
@@ -206,13 +205,11 @@ def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
     return [] if blocking.split_in_program and base.split_k == 1 else [blocking]
 
 
-def warp_specialized(so_far: Blocking, widest: int) -> list[Blocking]:
-    """The warp-specialized blockings tried after the best so far (WARP_SPECIALIZED_TILE's comment),
-    no wider in rows than M needs."""
-    tiles = dict.fromkeys([(max(64, so_far.block_m), so_far.block_n), WARP_SPECIALIZED_TILE])
-    return [Blocking(block_m, block_n, 4, stages, tma=True, split_in_program=so_far.split_in_program,
-                     warp_specialize=True)
-            for block_m, block_n in tiles for stages in WARP_SPECIALIZED_STAGES if block_m <= widest]
+def warp_specialized(so_far: Blocking, widest: int, split: bool) -> list[Blocking]:
+    """The warp-specialized blockings tried after the best so far (WARP_SPECIALIZED_STAGES's
+    comment), where M needs 64 rows; a split tiling's with its chunks summed in the program."""
+    return [Blocking(64, so_far.block_n, 4, stages, tma=True, split_in_program=split, warp_specialize=True)
+            for stages in WARP_SPECIALIZED_STAGES if widest >= 64]
 
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
@@ -262,7 +259,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
                    for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
                    if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
-        time_each(warp_specialized(fastest() or blocking_of(base), widest))
+        time_each(warp_specialized(fastest() or blocking_of(base), widest, base.split_k > 1))
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         time_each([(fastest() or blocking_of(base))._replace(persistent=True)])

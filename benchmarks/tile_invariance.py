@@ -40,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, TAILED_ROWS,  # noqa: E402
-                                                WARP_SPECIALIZED_STAGES, WARP_SPECIALIZED_TILE, inputs)
+                                                WARP_SPECIALIZED_STAGES, inputs)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
@@ -54,8 +54,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     stages) alone, each other BLOCK_M or BLOCK_N with each launch pair, for a split tiling its chunks
     summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
     launch pair, a persistent grid with each launch pair, and TMA loads with each launch pair
-    (persistent too), each BLOCK_M and each pair of row tiles, and warp-specialized TMA loops at
-    64 rows and the base's columns and at WARP_SPECIALIZED_TILE (persistent too); each
+    (persistent too), each BLOCK_M and each pair of row tiles, and a warp-specialized TMA loop at
+    64 rows and the base's columns (a split tiling's chunks summed in the program; persistent too); each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -78,10 +78,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("tma", tiles._replace(block_m=block_m, tail_m=tail, tma=True)) for block_m, tail in TAILED_ROWS]
-    specialized = [tiles._replace(block_m=block_m, block_n=block_n, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES[0],
-                                  tma=True, warp_specialize=True)
-                   for block_m, block_n in ((64, tiles.block_n), WARP_SPECIALIZED_TILE)]
-    changed += [("warp_specialize", variant) for variant in specialized + [specialized[-1]._replace(persistent=True)]]
+    specialized = tiles._replace(block_m=64, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES[0], tma=True,
+                                 split_in_program=tiles.split_k > 1, warp_specialize=True)
+    changed += [("warp_specialize", variant) for variant in (specialized, specialized._replace(persistent=True))]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -54,7 +54,11 @@ splits the K loop's warps into a producer that issues the TMA loads and consumer
 dots, as cuBLAS's Hopper kernels do, instead of each warp waiting on its own loads between its
 dots (compiled for sm_90 at 4 warps, the kernel runs 12). It takes effect at 4 warps and BLOCK_M
 >= 64 only (elsewhere triton leaves the loop as it was). The dots, their operands and their order
-are those of the plain loop, so are the bits (the tuner checks them).
+are those of the plain loop, so are the bits (the tuner checks them). Not with a workspace: on the
+H200 (2026-12-03, q_a_proj) a warp-specialized split product's tile counts went wrong, so its sums
+and every later workspace launch's came out with other bits (its counters never reset); a split
+tiling specializes with its chunks summed in the program. At BLOCK_M = 128 (two consumer warp
+groups) triton 3.6's data partitioning fails to compile a chunked K loop (WSDataPartition).
 
 float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
 of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
@@ -371,11 +375,12 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
     t = tiles or tiles_for(n, k, dtype, m)
     if t.tail_m and (t.tail_m < 16 or t.tail_m & (t.tail_m - 1)):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
-    if t.warp_specialize and (not t.tma or t.tail_m):
-        raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads and no tail tile (triton 3.6 "
-                         "cannot split pointer loads or a second dot into their own warps)")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
+    if t.warp_specialize and (not t.tma or t.tail_m or workspace):
+        raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile and no workspace "
+                         "(triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
+                         "workspace's tile counts go wrong: the docstring)")
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                    FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma, WARP_SPECIALIZE=t.warp_specialize,
                    CHUNKS=1 if workspace else splits, WORKSPACE=workspace, PERSISTENT=t.persistent,

@@ -93,7 +93,7 @@ def test_a_split_tiling_also_tries_its_chunks_in_one_program_and_an_unsplit_one_
 @pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True),
                                    Tiles(64, 128, 64, 4, 4, split_k=4, split_in_program=True),
                                    Tiles(128, 128, 64, 8, 3, tma=True, tail_m=16),
-                                   Tiles(128, 256, 64, 4, 3, tma=True, persistent=True, warp_specialize=True)])
+                                   Tiles(64, 256, 64, 4, 3, tma=True, persistent=True, warp_specialize=True)])
 def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
     assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
     ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
@@ -184,21 +184,20 @@ def test_the_persistent_pass_tries_the_best_blocking_persistent_at_every_m(monke
     assert "persistent=True" in tuner.ranges_line(ranges)
 
 
-def test_the_warp_specialized_pass_tries_4_warps_with_tma_loads_from_64_rows(monkeypatch, inputs):
-    """Where triton specializes a K loop (TMA loads, 4 warps, BLOCK_M >= 64, no tail): the best so
-    far's columns and 128 x 256, which only an M past 64 rows tries; the later passes build on a
-    warp-specialized pick."""
-    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
-                         cost=lambda b, m: 0.5 if b.warp_specialize and m >= 544 else 1.0)
-    specialized = [e for e in tried if e["blocking"]["warp_specialize"]]
-    assert {e["m"] for e in specialized} == {m for m in tuner.ROWS if m >= 64}
-    assert all(e["blocking"]["num_warps"] == 4 and e["blocking"]["tma"] and not e["blocking"]["tail_m"]
-               and e["blocking"]["block_m"] >= 64 for e in specialized)
-    wide = {e["m"] for e in specialized if (e["blocking"]["block_m"], e["blocking"]["block_n"]) == tuner.WARP_SPECIALIZED_TILE}
-    assert wide == {m for m in tuner.ROWS if m > 64}
-    assert with_blocking(BASE, ranges, 1088).warp_specialize and not with_blocking(BASE, ranges, 136).warp_specialize
-    assert any(e["blocking"]["warp_specialize"] and e["blocking"]["num_stages"] in tuner.DEEP_STAGES for e in tried)
-    assert "warp_specialize=True" in tuner.ranges_line(ranges)
+def test_the_warp_specialized_pass_tries_4_warps_with_tma_loads_at_64_rows(monkeypatch, inputs):
+    """Where triton specializes a K loop (TMA loads, 4 warps, BLOCK_M 64, no tail, no workspace):
+    the best so far's columns at 64 rows, from M = 64 up, a split tiling's with its chunks summed in
+    the program; the later passes build on a warp-specialized pick."""
+    for base in (BASE, BASE._replace(split_k=2)):
+        ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=base,
+                             cost=lambda b, m: 0.5 if b.warp_specialize and m >= 544 else 1.0)
+        specialized = [e["blocking"] for e in tried if e["blocking"]["warp_specialize"]]
+        assert {e["m"] for e in tried if e["blocking"]["warp_specialize"]} == {m for m in tuner.ROWS if m >= 64}
+        assert all(b["num_warps"] == 4 and b["tma"] and not b["tail_m"] and b["block_m"] == 64
+                   and b["split_in_program"] == (base.split_k > 1) for b in specialized)
+        assert with_blocking(base, ranges, 1088).warp_specialize and not with_blocking(base, ranges, 136).warp_specialize
+        assert any(e["blocking"]["warp_specialize"] and e["blocking"]["num_stages"] in tuner.DEEP_STAGES for e in tried)
+        assert "warp_specialize=True" in tuner.ranges_line(ranges)
 
 
 def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_reaches_it(monkeypatch, inputs):
