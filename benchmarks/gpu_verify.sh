@@ -34,7 +34,9 @@
 # (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3; then
 # M = 4,096 and split_in_program: _4 and _5; then tail_m: part 3 as _6, part 2 as _7; then
 # DEEP_STAGES, for q_a_proj, o_proj and the shared expert's down only: _8; then all ten shapes with
-# split products summed in one launch: part 2 as _9, part 3 as _10).
+# split products summed in one launch: part 2 as _9, part 3 as _10), 2026-12-03 (warp-specialized
+# loops and persistent grids: q_b_proj, o_proj and the dense gate/up only, --shapes in one call
+# after part 2's first try ran out of time, as _11).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-7)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
