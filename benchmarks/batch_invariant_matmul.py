@@ -126,8 +126,9 @@ TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
 DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's warps
 # Warp specialization (Blocking.warp_specialize) takes effect at 4 warps and BLOCK_M >= 64, with TMA
 # loads, no tail and no workspace: the best so far's BLOCK_N at BLOCK_M = 64 (one consumer warp
-# group: at 128, as in cuBLAS's Hopper tiles, triton 3.6 failed to compile it on the H200, and a
-# q_b_proj tuning run hung at M = 136, 2026-12-03).
+# group: at 128, as in cuBLAS's Hopper tiles, triton 3.6 failed to compile it with in-program chunks
+# on the H200, and a q_b_proj run printed nothing more once it first tried 128 x 256, at M = 136,
+# 2026-12-03). Measured there: never picked, 1.5-2.4x cuBLAS (README, "Batch-invariant numerics").
 WARP_SPECIALIZED_STAGES = (3, 4)
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
