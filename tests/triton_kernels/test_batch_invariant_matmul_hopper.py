@@ -1,0 +1,81 @@
+"""hopper_linear (Gluon, sm_90) vs a float64 product and, bit for bit, vs the Triton kernel's rows
+of the full batch at Kimi K2's unsplit shapes. The interpreter cannot run Gluon: on the CPU the
+kernel is compiled for sm_90 (its warpgroup MMAs and shared-memory ring checked), on the GPU run.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.triton_kernels.test_batch_invariant_matmul import DECODE_ROWS, K2_SHAPES, random, relative_error
+from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear
+from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear
+
+CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
+           HopperTiles(64, 128, 64, 6)]
+
+COMPILE_FOR_HOPPER = """
+import sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, descriptors
+tiles = HopperTiles(*map(int, sys.argv[1:5]))
+x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
+x_desc, w_desc = descriptors(x, w, tiles)
+constants = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages)
+signature = {"x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc), "out_ptr": "*bf16", "M": "i32",
+             "N": "i32", "K": "i32", "stride_om": "i32", **dict.fromkeys(constants, "constexpr")}
+attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("out_ptr", "N", "K", "stride_om")}
+compiled = triton.compile(GluonASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": tiles.block_m // 16})
+print(compiled.asm["ptx"].count("wgmma.mma_async"), compiled.metadata.shared)
+"""
+
+
+@pytest.mark.parametrize("tiles", CONFIGS)
+def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles):
+    """One warpgroup MMA per 16 of BLOCK_K in the consumers' loop, and the ring (stages x both
+    tiles) within the H200's shared memory, compiled for sm_90 here in a process of its own."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles)],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    mmas, shared = map(int, done.stdout.split()[-2:])
+    assert mmas == tiles.block_k // 16
+    ring = tiles.num_stages * (tiles.block_m + tiles.block_n) * tiles.block_k * 2
+    assert ring <= shared <= SMEM_BYTES
+
+
+def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="does not fit"):
+        hopper_linear(x, x, CONFIGS[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", CONFIGS)
+@pytest.mark.parametrize("m, n, k", [(1, 200, 512), (37, 72, 1024), (300, 520, 192)])  # partial tiles in M and N
+def test_matches_float64_on_gpu(tiles, m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x, w = random((m, k), torch.bfloat16, gen), random((n, k), torch.bfloat16, gen, k ** -0.5)
+    assert relative_error(hopper_linear(x, w, tiles), x.double() @ w.double().T) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k == 1])
+def test_k2_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k):
+    """Every row at every decode M equals the Triton kernel's same row inside the full batch."""
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    full = batch_invariant_linear(x, w, base_tiles(n, k, torch.bfloat16))
+    for tiles in CONFIGS:
+        for m in DECODE_ROWS:
+            assert torch.equal(hopper_linear(x[:m], w, tiles), full[:m]), (tiles, m)

@@ -1,0 +1,143 @@
+"""The batch-invariant GEMM for Hopper (sm_90) in Gluon: the same products, in the same order, as
+`batch_invariant_matmul`'s unsplit bf16 tilings, with the work split between warps as cuBLAS's
+Hopper kernels split it.
+
+Why a second kernel: what is left of the GEMM goal is M = 136-1,088, where the Triton kernel's
+plain pipelined `tl.dot` loop runs 1.16-1.84x cuBLAS's time. cuBLAS's nvjet kernels there have a
+producer warp issue TMA loads into a ring of shared-memory stages while two consumer warp groups
+run the warpgroup MMAs of a 128-row tile. triton 3.6 builds that split from `tl.range(...,
+warp_specialize=True)` for one consumer group only (64 rows, 1.5-2.4x cuBLAS on the H200) and fails
+to compile it for two. Gluon states it directly:
+- the worker partition (one warp) waits for a stage to be free, then has the TMA copy the next
+  BLOCK_K columns of the x and w tiles into it (zeros past M and N);
+- the default partition (the consumer warps: 8 for 128 rows, two warp groups of 64 rows each; 4
+  for 64) waits for each stage in turn, issues its MMA on the one fp32 accumulator, keeps one MMA
+  in flight, frees the stage the one before read, and casts and stores once at the end.
+
+Arithmetic: an output element is fp32 FMAs over k = 0, 1, ..., K - 1 in BLOCK_K steps from zero,
+one warpgroup MMA chain per step, then one cast, which is what the Triton kernel's unsplit
+tilings do whatever their BLOCK_M, BLOCK_N, warps or stages (`benchmarks/tile_invariance.py`), so
+a row's bits are the Triton kernel's and do not depend on M. The `gpu` tests hold it to that at K2
+shapes and to a float64 reference; the Triton interpreter cannot run Gluon, so on the CPU it is
+compiled for sm_90 only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+PRODUCER_WARPS = gl.constexpr(1)
+PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp: it only computes coordinates
+SMEM_BYTES = 232448  # shared memory per block on sm_90
+
+
+class HopperTiles(NamedTuple):
+    """A blocking of the Gluon kernel: rows and columns per program, the K step (the Triton
+    tiling's BLOCK_K: it fixes each element's sums) and the ring's stages. 128 rows run on two
+    consumer warp groups, 64 on one."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
+    """Whether this kernel serves these inputs: a Hopper GPU, 16-bit rows the TMA can address, tile
+    shapes the warpgroup MMA allows, and a ring that fits in shared memory."""
+    stage_bytes = (tiles.block_m + tiles.block_n) * tiles.block_k * x.element_size()
+    return (x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0) and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and (x.stride(0) * x.element_size()) % 16 == 0 and (weight.stride(0) * weight.element_size()) % 16 == 0
+            and tiles.block_m in (64, 128) and tiles.block_n in (64, 128, 256)
+            and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
+
+
+@gluon.jit
+def _load_stages(x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, K,
+                 BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer: step i's x and w tiles into stage i % NUM_STAGES once its last reader freed it
+    (a fresh barrier passes the first round's wait)."""
+    for i in range(gl.cdiv(K, BLOCK_K)):
+        stage = i % NUM_STAGES
+        mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [row0, i * BLOCK_K], ready.index(stage), x_smem.index(stage))
+        tma.async_copy_global_to_shared(w_desc, [col0, i * BLOCK_K], ready.index(stage), w_smem.index(stage))
+
+
+@gluon.jit
+def _multiply_stages(x_smem, w_smem, ready, free, out_ptr, row0, col0, M, N, K, stride_om,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                     NUM_STAGES: gl.constexpr):
+    """The consumers: one MMA per K step on the accumulator, in step order, the step before's stage
+    freed once its MMA is done; then the one cast and the masked store."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+    for i in range(gl.cdiv(K, BLOCK_K)):
+        stage = i % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+        acc = warpgroup_mma(x_smem.index(stage), w_smem.index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
+        mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    out = out_ptr + gl.expand_dims(rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _matmul_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """out = x @ w^T, one (BLOCK_M, BLOCK_N) tile per program, M fastest along axis 0 (programs
+    launched together share a weight tile in L2, as in the Triton kernel)."""
+    row0 = gl.program_id(0) * BLOCK_M
+    col0 = gl.program_id(1) * BLOCK_N
+    dtype: gl.constexpr = x_desc.dtype
+    x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)  # the producer's expect; the TMA's bytes complete it
+        mbarrier.init(free.index(i), count=1)  # the consumers, once their MMA on it is done
+    fence_async_shared()
+    gl.warp_specialize([
+        (_multiply_stages, (x_smem, w_smem, ready, free, out_ptr, row0, col0, M, N, K, stride_om,
+                            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
+        (_load_stages, (x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, K, BLOCK_K, NUM_STAGES)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
+def descriptors(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of x's (BLOCK_M, BLOCK_K) and the weight's (BLOCK_N, BLOCK_K) tiles."""
+    dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    def tile(t: torch.Tensor, rows: int) -> TensorDescriptor:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, tiles.block_k], dtype)
+        return TensorDescriptor.from_tensor(t, [rows, tiles.block_k], layout)
+    return tile(x, tiles.block_m), tile(weight, tiles.block_n)
+
+
+def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:
+    """x @ weight^T for 2-D x (M, K) and weight (N, K) on Hopper; `fits` says where it runs."""
+    if not fits(x, weight, tiles):
+        raise ValueError(f"hopper_linear: {tuple(x.shape)} x {tuple(weight.shape)} {x.dtype} on {x.device} "
+                         f"does not fit {tiles} (fits() says why not)")
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    x_desc, w_desc = descriptors(x, weight, tiles)
+    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
+    _matmul_kernel[grid](x_desc, w_desc, out, m, n, k, out.stride(0), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                         BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, num_warps=tiles.block_m // 16)
+    return out
