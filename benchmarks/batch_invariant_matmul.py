@@ -35,8 +35,10 @@ pair, where it leaves fewer padded rows than the best's row tile and the tail ca
 (`warp_specialize`: a producer warp issuing the TMA loads, consumer warps running the dots, as
 cuBLAS's Hopper kernels do; the best so far's BLOCK_N at 64 x 4 warps, from M = 64 up), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
-its bandwidth), and last the best so far made persistent (`persistent`: a program per SM looping
-over the tiles, one tile's loads pipelined under the last one's dots). Beside the base's own
+its bandwidth), then the best so far made persistent (`persistent`: a program per SM looping
+over the tiles, one tile's loads pipelined under the last one's dots), and last, for an unsplit
+tiling, the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
+consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py). Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -130,6 +132,9 @@ DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's w
 # on the H200, and a q_b_proj run printed nothing more once it first tried 128 x 256, at M = 136,
 # 2026-12-03). Measured there: never picked, 1.5-2.4x cuBLAS (README, "Batch-invariant numerics").
 WARP_SPECIALIZED_STAGES = (3, 4)
+# The Gluon kernel's (BLOCK_M, BLOCK_N, stages), at BLOCK_M / 16 warps: two consumer warp groups on
+# 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64.
+GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
@@ -213,6 +218,15 @@ def warp_specialized(so_far: Blocking, widest: int, split: bool) -> list[Blockin
             for stages in WARP_SPECIALIZED_STAGES if widest >= 64]
 
 
+def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
+    """The Gluon kernel's blockings (GLUON_TILES) for an unsplit tiling, 128 rows only where M needs
+    more than 64."""
+    if base.split_k > 1:
+        return []
+    return [Blocking(block_m, block_n, block_m // 16, stages, tma=True, gluon=True)
+            for block_m, block_n, stages in GLUON_TILES if block_m <= max(64, widest)]
+
+
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
                   rows: list[int] = ROWS) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
@@ -264,6 +278,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         time_each([(fastest() or blocking_of(base))._replace(persistent=True)])
+        time_each(gluon_blockings(base, widest))
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "

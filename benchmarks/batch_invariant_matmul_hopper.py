@@ -3,7 +3,7 @@ Triton kernel's table at the unsplit Kimi K2 shapes, where the GEMM goal is miss
 
 For each shape whose base tiling is unsplit (its K loop is one chain of BLOCK_K steps, which the
 Gluon kernel repeats): cuBLAS (`F.linear`), the Triton kernel as served (`batch_invariant_linear`,
-BLOCK_BY_M's pick at that M) and each HopperTiles in CONFIGS, GPU time per call with a cold L2
+BLOCKING_BY_M's pick at that M) and each of the tuner's GLUON_TILES, GPU time per call with a cold L2
 (benchmarks/verify_attention.py's `bench`), each Gluon output checked bit for bit against the Triton
 kernel's rows of the full 4,096-row batch (a config that differs is reported and never counted).
 Prints a table (ratio to cuBLAS: the table's pick, the best Gluon config) and writes JSON with every
@@ -23,15 +23,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_invariant_matmul import SHAPES, TUNE_REP_MS, inputs  # noqa: E402
+from benchmarks.batch_invariant_matmul import GLUON_TILES, SHAPES, TUNE_REP_MS, inputs  # noqa: E402
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench  # noqa: E402
 from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear  # noqa: E402
 from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, fits, hopper_linear  # noqa: E402
 
-# Two consumer warp groups on 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192
-# x 192), and one on 64 rows where M = 136 leaves 128-row tiles idle.
-CONFIGS = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
 ROWS = [136, 544, 1088]
 
 
@@ -45,7 +42,7 @@ def time_shape(name: str, n: int, k: int, rows: list[int], gen: torch.Generator)
         cublas = bench(lambda: F.linear(x[:m], w), rep_ms=TUNE_REP_MS)
         table = bench(lambda: batch_invariant_linear(x[:m], w), rep_ms=TUNE_REP_MS)
         tried = []
-        for block_m, block_n, stages in CONFIGS:
+        for block_m, block_n, stages in GLUON_TILES:
             tiles = HopperTiles(block_m, block_n, base.block_k, stages)
             entry = {"tiles": tiles._asdict()}
             if not fits(x[:m], w, tiles):
@@ -85,7 +82,7 @@ def main() -> None:
         sys.exit(2)
     rows = [int(m) for m in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    result = {"benchmark": "batch_invariant_matmul_hopper", "machine": describe(), "configs": CONFIGS, "rows": []}
+    result = {"benchmark": "batch_invariant_matmul_hopper", "machine": describe(), "configs": GLUON_TILES, "rows": []}
     print(f"{'shape':>22} {'M':>5} {'cuBLAS us':>9} {'table':>6}  best Gluon (block_m, block_n, block_k, stages)")
     for name, n, k in unsplit:
         if name in wanted:

@@ -43,7 +43,7 @@ if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
 fi
-tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/engine/test_lossless_k2_bf16.py"
+tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/triton_kernels/test_batch_invariant_matmul_hopper.py tests/engine/test_lossless_k2_bf16.py"
 first="q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj"
 second="dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head"
 case $part in

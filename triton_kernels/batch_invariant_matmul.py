@@ -60,6 +60,13 @@ and every later workspace launch's came out with other bits (its counters never 
 tiling specializes with its chunks summed in the program. At BLOCK_M = 128 (two consumer warp
 groups) triton 3.6's data partitioning fails to compile a chunked K loop (WSDataPartition).
 
+A blocking may hand the product to the Gluon Hopper kernel (`gluon`;
+triton_kernels/batch_invariant_matmul_hopper.py: a producer warp and two consumer warp groups,
+which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on one fp32
+accumulator, so the same bits (on the H200 at every unsplit K2 shape and decode M). It serves 2-D
+unsplit 16-bit products on a Hopper GPU at BLOCK_M 64 or 128 with BLOCK_M / 16 warps and TMA
+loads; elsewhere (a per-head product, the CPU) this kernel runs the same tiles, with the same bits.
+
 float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
 of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
 
@@ -76,6 +83,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, fits, hopper_matmul
 
 
 class Tiles(NamedTuple):
@@ -94,6 +103,7 @@ class Tiles(NamedTuple):
     tail_m: int = 0  # rows past BLOCK_M that each program also computes, in a second tile (a blocking)
     persistent: bool = False  # a program per SM looping over the tiles (a blocking; see the docstring)
     warp_specialize: bool = False  # TMA loads and dots in separate warps (a blocking; see the docstring)
+    gluon: bool = False  # run by the Gluon Hopper kernel where it can (a blocking; see the docstring)
 
 
 class Blocking(NamedTuple):
@@ -108,6 +118,7 @@ class Blocking(NamedTuple):
     tail_m: int = 0
     persistent: bool = False
     warp_specialize: bool = False
+    gluon: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -175,7 +186,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
-                    tiles.tail_m, tiles.persistent, tiles.warp_specialize)
+                    tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -378,6 +389,10 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
+    if t.gluon and (splits > 1 or t.tail_m or t.persistent or t.warp_specialize or not t.tma
+                    or t.block_m not in (64, 128) or t.num_warps != t.block_m // 16):
+        raise ValueError(f"batch_invariant_matmul: a gluon blocking is one K chunk of 64- or 128-row TMA tiles at "
+                         f"BLOCK_M / 16 warps, no tail, persistent grid or warp_specialize, not {t}")
     if t.warp_specialize and (not t.tma or t.tail_m or workspace):
         raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile and no workspace "
                          "(triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
@@ -401,6 +416,11 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     if m == 0 or n == 0:
         return
     t, chunk, splits, workspace, programs, options = _plan(n, k, m, x.dtype, tiles)
+    if t.gluon and batch == 1:
+        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages)
+        if fits(x[0], w[0], hopper) and out.stride(-1) == 1:
+            hopper_matmul(x[0], w[0], out[0], hopper)
+            return
     if workspace:
         partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, programs[0] * programs[1] * batch)

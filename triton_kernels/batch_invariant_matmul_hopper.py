@@ -24,6 +24,7 @@ compiled for sm_90 only.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -50,14 +51,19 @@ class HopperTiles(NamedTuple):
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
-    """Whether this kernel serves these inputs: a Hopper GPU, 16-bit rows the TMA can address, tile
-    shapes the warpgroup MMA allows, and a ring that fits in shared memory."""
+    """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address,
+    tile shapes the warpgroup MMA allows, and a ring that fits in shared memory."""
     stage_bytes = (tiles.block_m + tiles.block_n) * tiles.block_k * x.element_size()
-    return (x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0) and x.dtype == weight.dtype
+    return (x.is_cuda and _is_hopper(x.device) and x.dim() == weight.dim() == 2 and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and weight.stride(-1) == 1
-            and (x.stride(0) * x.element_size()) % 16 == 0 and (weight.stride(0) * weight.element_size()) % 16 == 0
+            and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
             and tiles.block_m in (64, 128) and tiles.block_n in (64, 128, 256)
             and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @gluon.jit
@@ -128,16 +134,22 @@ def descriptors(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> tu
     return tile(x, tiles.block_m), tile(weight, tiles.block_n)
 
 
-def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:
-    """x @ weight^T for 2-D x (M, K) and weight (N, K) on Hopper; `fits` says where it runs."""
-    if not fits(x, weight, tiles):
-        raise ValueError(f"hopper_linear: {tuple(x.shape)} x {tuple(weight.shape)} {x.dtype} on {x.device} "
-                         f"does not fit {tiles} (fits() says why not)")
+def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tiles: HopperTiles) -> None:
+    """out (M, N, row-major) = x (M, K) @ weight (N, K)^T, where `fits` allows it."""
     m, k = x.shape
     n = weight.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     x_desc, w_desc = descriptors(x, weight, tiles)
     grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
     _matmul_kernel[grid](x_desc, w_desc, out, m, n, k, out.stride(0), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                          BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, num_warps=tiles.block_m // 16)
+
+
+def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:
+    """x @ weight^T for 2-D x (M, K) and weight (N, K) with this kernel itself (never another):
+    refused where `fits` says it cannot run."""
+    if not fits(x, weight, tiles):
+        raise ValueError(f"hopper_linear: {tuple(x.shape)} x {tuple(weight.shape)} {x.dtype} on {x.device} "
+                         f"does not fit {tiles} (fits() says why not)")
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    hopper_matmul(x, weight, out, tiles)
     return out

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import triton_kernels.batch_invariant_matmul as gemm
 from tests.triton_kernels.test_batch_invariant_matmul import DECODE_ROWS, K2_SHAPES, random, relative_error
-from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear
-from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear
+from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear, batch_invariant_per_head
+from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul
 
 CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
            HopperTiles(64, 128, 64, 6)]
@@ -79,3 +80,24 @@ def test_k2_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k):
     for tiles in CONFIGS:
         for m in DECODE_ROWS:
             assert torch.equal(hopper_linear(x[:m], w, tiles), full[:m]), (tiles, m)
+
+
+@pytest.mark.gpu
+def test_a_gluon_blocking_runs_the_hopper_kernel_for_a_linear_and_this_kernel_per_head_on_gpu(monkeypatch):
+    """batch_invariant_linear hands a gluon blocking's product to the Hopper kernel (the same bits
+    as the Triton tiling it names); a per-head product, which it cannot run, keeps the Triton one."""
+    runs = []
+    monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
+    n, k = 7168, 8192
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    full = batch_invariant_linear(x, w, base_tiles(n, k, torch.bfloat16))
+    tiles = base_tiles(n, k, torch.bfloat16)._replace(block_m=128, block_n=256, num_warps=8, num_stages=3, tma=True,
+                                                      gluon=True)
+    for m in DECODE_ROWS:
+        assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), m
+    assert runs == [HopperTiles(128, 256, tiles.block_k, 3)] * len(DECODE_ROWS)
+    heads = random((37, 4, 512), torch.bfloat16, gen), random((4, 128, 512), torch.bfloat16, gen, 512 ** -0.5)
+    assert torch.equal(batch_invariant_per_head(*heads, tiles), batch_invariant_per_head(*heads, tiles._replace(gluon=False)))
+    assert len(runs) == len(DECODE_ROWS)

@@ -93,7 +93,8 @@ def test_a_split_tiling_also_tries_its_chunks_in_one_program_and_an_unsplit_one_
 @pytest.mark.parametrize("tiles", [*TUNED.values(), *TUNED_FP32.values(), Tiles(64, 128, 64, 4, 4, split_k=2, tma=True),
                                    Tiles(64, 128, 64, 4, 4, split_k=4, split_in_program=True),
                                    Tiles(128, 128, 64, 8, 3, tma=True, tail_m=16),
-                                   Tiles(64, 256, 64, 4, 3, tma=True, persistent=True, warp_specialize=True)])
+                                   Tiles(64, 256, 64, 4, 3, tma=True, persistent=True, warp_specialize=True),
+                                   Tiles(128, 256, 64, 8, 3, tma=True, gluon=True)])
 def test_the_lines_the_tuner_prints_paste_back_as_the_same_tilings(tiles):
     assert eval(tuner.tiles_line(tiles), {"Tiles": Tiles}) == tiles
     ranges = ((17, blocking_of(tiles)), (1088, blocking_of(tiles)._replace(block_m=128)))
@@ -198,6 +199,25 @@ def test_the_warp_specialized_pass_tries_4_warps_with_tma_loads_at_64_rows(monke
         assert with_blocking(base, ranges, 1088).warp_specialize and not with_blocking(base, ranges, 136).warp_specialize
         assert any(e["blocking"]["warp_specialize"] and e["blocking"]["num_stages"] in tuner.DEEP_STAGES for e in tried)
         assert "warp_specialize=True" in tuner.ranges_line(ranges)
+
+
+def test_the_gluon_pass_tries_the_hopper_kernels_tiles_for_an_unsplit_tiling_only(monkeypatch, inputs):
+    """GLUON_TILES at BLOCK_M / 16 warps with TMA loads, 128 rows only past M = 64, last; picked
+    where fastest; a split tiling never tries them (the Gluon kernel runs one K chunk)."""
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
+                         cost=lambda b, m: 0.5 if b.gluon and b.block_m == 128 and m >= 544 else 1.0)
+    gluon = [e for e in tried if e["blocking"]["gluon"]]
+    for m in tuner.ROWS:
+        tiles = {(e["blocking"]["block_m"], e["blocking"]["block_n"], e["blocking"]["num_stages"])
+                 for e in gluon if e["m"] == m}
+        assert tiles == {t for t in tuner.GLUON_TILES if t[0] == 64 or m > 64}
+        assert [e["blocking"]["gluon"] for e in tried if e["m"] == m][-len(tiles):] == [True] * len(tiles)
+    assert all(e["blocking"]["num_warps"] == e["blocking"]["block_m"] // 16 and e["blocking"]["tma"] for e in gluon)
+    assert with_blocking(BASE, ranges, 1088).gluon and not with_blocking(BASE, ranges, 136).gluon
+    assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
+    _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
+                    cost=lambda b, m: 1.0)
+    assert not any(e["blocking"]["gluon"] for e in tried)
 
 
 def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_reaches_it(monkeypatch, inputs):
