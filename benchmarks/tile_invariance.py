@@ -1,7 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
 tiling's chunks summed in one program, a second row tile per program, a persistent grid, warp
-specialization), at Kimi
+specialization, the Gluon Hopper kernel), at Kimi
 K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
@@ -40,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, TAILED_ROWS,  # noqa: E402
-                                                WARP_SPECIALIZED_STAGES, inputs)
+                                                GLUON_TILES, WARP_SPECIALIZED_STAGES, inputs)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
@@ -55,7 +55,8 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     summed in the program with each launch pair, each pair of row tiles (TAILED_ROWS) with each
     launch pair, a persistent grid with each launch pair, and TMA loads with each launch pair
     (persistent too), each BLOCK_M and each pair of row tiles, and a warp-specialized TMA loop at
-    64 rows and the base's columns (a split tiling's chunks summed in the program; persistent too); each
+    64 rows and the base's columns (a split tiling's chunks summed in the program; persistent too),
+    and for an unsplit tiling the Gluon Hopper kernel at each of GLUON_TILES; each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -81,6 +82,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     specialized = tiles._replace(block_m=64, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES[0], tma=True,
                                  split_in_program=tiles.split_k > 1, warp_specialize=True)
     changed += [("warp_specialize", variant) for variant in (specialized, specialized._replace(persistent=True))]
+    if tiles.split_k == 1:
+        changed += [("gluon", tiles._replace(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=stages,
+                                             tma=True, gluon=True)) for block_m, block_n, stages in GLUON_TILES]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)
