@@ -133,8 +133,10 @@ DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's w
 # 2026-12-03). Measured there: never picked, 1.5-2.4x cuBLAS (README, "Batch-invariant numerics").
 WARP_SPECIALIZED_STAGES = (3, 4)
 # The Gluon kernel's (BLOCK_M, BLOCK_N, stages), at BLOCK_M / 16 warps: two consumer warp groups on
-# 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64.
-GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
+# 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64, and four
+# on 256 (M = 136 in one row tile: the weight streamed once; compiled here, not yet timed).
+GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6), (256, 128, 4),
+               (256, 64, 5)]
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
@@ -219,8 +221,8 @@ def warp_specialized(so_far: Blocking, widest: int, split: bool) -> list[Blockin
 
 
 def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
-    """The Gluon kernel's blockings (GLUON_TILES) for an unsplit tiling, 128 rows only where M needs
-    more than 64."""
+    """The Gluon kernel's blockings (GLUON_TILES) for an unsplit tiling, no more rows than M needs
+    (64 always)."""
     if base.split_k > 1:
         return []
     return [Blocking(block_m, block_n, block_m // 16, stages, tma=True, gluon=True)

@@ -10,8 +10,8 @@ warp_specialize=True)` for one consumer group only (64 rows, 1.5-2.4x cuBLAS on 
 to compile it for two. Gluon states it directly:
 - the worker partition (one warp) waits for a stage to be free, then has the TMA copy the next
   BLOCK_K columns of the x and w tiles into it (zeros past M and N);
-- the default partition (the consumer warps: 8 for 128 rows, two warp groups of 64 rows each; 4
-  for 64) waits for each stage in turn, issues its MMA on the one fp32 accumulator, keeps one MMA
+- the default partition (the consumer warps: a warp group per 64 rows, so 8 warps for 128 rows
+  as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the one fp32 accumulator, keeps one MMA
   in flight, frees the stage the one before read, and casts and stores once at the end.
 
 Arithmetic: an output element is fp32 FMAs over k = 0, 1, ..., K - 1 in BLOCK_K steps from zero,
@@ -42,8 +42,8 @@ SMEM_BYTES = 232448  # shared memory per block on sm_90
 
 class HopperTiles(NamedTuple):
     """A blocking of the Gluon kernel: rows and columns per program, the K step (the Triton
-    tiling's BLOCK_K: it fixes each element's sums) and the ring's stages. 128 rows run on two
-    consumer warp groups, 64 on one."""
+    tiling's BLOCK_K: it fixes each element's sums) and the ring's stages. Each 64 rows run on a
+    consumer warp group of their own (BLOCK_M / 16 warps)."""
     block_m: int
     block_n: int
     block_k: int
@@ -57,7 +57,7 @@ def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
     return (x.is_cuda and _is_hopper(x.device) and x.dim() == weight.dim() == 2 and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
-            and tiles.block_m in (64, 128) and tiles.block_n in (64, 128, 256)
+            and tiles.block_m in (64, 128, 256) and tiles.block_n in (64, 128, 256)
             and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
 
 

@@ -17,7 +17,7 @@ from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_li
 from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul
 
 CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
-           HopperTiles(64, 128, 64, 6)]
+           HopperTiles(64, 128, 64, 6), HopperTiles(256, 128, 64, 4)]
 
 COMPILE_FOR_HOPPER = """
 import sys
@@ -101,3 +101,14 @@ def test_a_gluon_blocking_runs_the_hopper_kernel_for_a_linear_and_this_kernel_pe
     heads = random((37, 4, 512), torch.bfloat16, gen), random((4, 128, 512), torch.bfloat16, gen, 512 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, tiles), batch_invariant_per_head(*heads, tiles._replace(gluon=False)))
     assert len(runs) == len(DECODE_ROWS)
+
+
+@pytest.mark.gpu
+def test_a_gluon_blocking_the_hopper_kernel_cannot_hold_is_refused_on_gpu():
+    """A ring past the H200's shared memory (4 stages of 256 + 256 rows x 64): a sentence, never the
+    Triton kernel timed in its place."""
+    x = torch.zeros(300, 512, dtype=torch.bfloat16, device="cuda")
+    tiles = base_tiles(7168, 8192, torch.bfloat16)._replace(block_m=256, block_n=256, num_warps=16, num_stages=4,
+                                                            tma=True, gluon=True)
+    with pytest.raises(ValueError, match="cannot run"):
+        batch_invariant_linear(x, torch.zeros(512, 512, dtype=torch.bfloat16, device="cuda"), tiles)
