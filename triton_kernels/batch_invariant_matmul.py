@@ -56,13 +56,14 @@ dots (compiled for sm_90 at 4 warps, the kernel runs 12). It takes effect at 4 w
 >= 64 only (elsewhere triton leaves the loop as it was). The dots, their operands and their order
 are those of the plain loop, so are the bits (the tuner checks them). Not with a workspace: on the
 H200 (2026-12-03, q_a_proj) a warp-specialized split product's tile counts went wrong, so its sums
-and every later workspace launch's came out with other bits (its counters never reset); a split
+and every later workspace launch's came out with other bits (most likely its tile counters were
+left miscounted; not traced further); a split
 tiling specializes with its chunks summed in the program. At BLOCK_M = 128 (two consumer warp
 groups) triton 3.6's data partitioning fails to compile a chunked K loop (WSDataPartition).
 
 A blocking may hand the product to the Gluon Hopper kernel (`gluon`;
-triton_kernels/batch_invariant_matmul_hopper.py: a producer warp and two consumer warp groups,
-which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on one fp32
+triton_kernels/batch_invariant_matmul_hopper.py: a producer warp and a consumer warp group per 64
+rows, which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on one fp32
 accumulator, so the same bits (on the H200 at every unsplit K2 shape and decode M). It serves 2-D
 unsplit 16-bit products on a Hopper GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA
 loads; a per-head product, or any on the CPU, runs the same tiles in this kernel, with the same
