@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 5   # both numerics served under nsys, as part 4's A/B serves them
 #   bash benchmarks/gpu_verify.sh OUT 6   # --tune-split: o_proj and the dense gate/up (their M = 136 misses)
 #   bash benchmarks/gpu_verify.sh OUT 7   # --tune-split: q_b_proj and the shared expert both ways
+#   bash benchmarks/gpu_verify.sh OUT 8   # the Gluon GEMM alone: its gpu tests, then it against cuBLAS and the table
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -38,7 +39,7 @@
 # loops and persistent grids: q_b_proj, o_proj and the dense gate/up only, --shapes in one call
 # after part 2's first try ran out of time, as _11).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-7)}
+out=${1:?OUT} part=${2:?PART (1-8)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -80,6 +81,12 @@ case $part in
      timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-split --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_split$part.json" > "$out/split_$part.log" 2>&1
      tail -30 "$out/split_$part.log" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 7, not $part" >&2; exit 2 ;;
+  8) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul_hopper.py \
+       > "$out/gpu_tests_hopper.txt" 2>&1
+     tail -3 "$out/gpu_tests_hopper.txt"
+     timeout 240 python3 benchmarks/batch_invariant_matmul_hopper.py --rows 17,64,136,544,1088,4096 \
+       --out "$out/batch_invariant_matmul_hopper.json" > "$out/hopper.log" 2>&1
+     tail -40 "$out/hopper.log" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 8, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"
