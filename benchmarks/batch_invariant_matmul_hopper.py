@@ -24,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import GLUON_TILES, SHAPES, TUNE_REP_MS, inputs  # noqa: E402
+from benchmarks.batch_invariant_matmul import ROWS as TABLE_ROWS  # noqa: E402
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench  # noqa: E402
 from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear  # noqa: E402
@@ -71,16 +72,20 @@ def main() -> None:
     parser.add_argument("--shapes", help="comma-separated shape names (default: every unsplit one)")
     parser.add_argument("--out", type=Path, default=RESULTS / "batch_invariant_matmul_hopper.json")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("benchmarks/batch_invariant_matmul_hopper.py: needs a CUDA GPU (Hopper)", file=sys.stderr)
-        sys.exit(2)
     unsplit = [(name, n, k) for name, n, k in SHAPES if base_tiles(n, k, torch.bfloat16).split_k == 1]
     wanted = args.shapes.split(",") if args.shapes else [name for name, _, _ in unsplit]
     unknown = sorted(set(wanted) - {name for name, _, _ in unsplit})
+    rows = [int(m) for m in args.rows.split(",") if m.strip().isdigit() and 0 < int(m) <= max(TABLE_ROWS)]
+    problems = []
     if unknown:
-        print(f"benchmarks/batch_invariant_matmul_hopper.py: not an unsplit shape: {', '.join(unknown)}", file=sys.stderr)
+        problems.append(f"not an unsplit shape: {', '.join(unknown)} (these are: {', '.join(n for n, _, _ in unsplit)})")
+    if len(rows) != len(args.rows.split(",")):
+        problems.append(f"--rows must be integers from 1 to {max(TABLE_ROWS)} (the rows `inputs` draws), not {args.rows!r}")
+    if not torch.cuda.is_available():
+        problems.append("needs a CUDA GPU (Hopper)")
+    if problems:
+        print(f"benchmarks/batch_invariant_matmul_hopper.py: {problems[0]}", file=sys.stderr)
         sys.exit(2)
-    rows = [int(m) for m in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     result = {"benchmark": "batch_invariant_matmul_hopper", "machine": describe(), "configs": GLUON_TILES, "rows": []}
     print(f"{'shape':>22} {'M':>5} {'cuBLAS us':>9} {'table':>6}  best Gluon (block_m, block_n, block_k, stages)")

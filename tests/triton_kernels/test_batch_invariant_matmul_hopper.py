@@ -112,3 +112,16 @@ def test_a_gluon_blocking_the_hopper_kernel_cannot_hold_is_refused_on_gpu():
                                                             tma=True, gluon=True)
     with pytest.raises(ValueError, match="cannot run"):
         batch_invariant_linear(x, torch.zeros(512, 512, dtype=torch.bfloat16, device="cuda"), tiles)
+
+
+@pytest.mark.parametrize("args, problem", [(["--shapes", "q_a_proj"], "not an unsplit shape: q_a_proj"),
+                                           (["--rows", "136,x"], "--rows must be integers"),
+                                           (["--rows", "5000"], "--rows must be integers from 1 to 4096"),
+                                           ([], "needs a CUDA GPU")])
+def test_the_benchmark_refuses_bad_input_with_one_line(args, problem):
+    if problem.startswith("needs") and torch.cuda.is_available():
+        pytest.skip("this machine has the GPU the benchmark needs")
+    done = subprocess.run([sys.executable, "benchmarks/batch_invariant_matmul_hopper.py", *args],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and problem in done.stderr, done.stderr
