@@ -11,8 +11,9 @@ to compile it for two. Gluon states it directly:
 - the worker partition (one warp) waits for a stage to be free, then has the TMA copy the next
   BLOCK_K columns of the x and w tiles into it (zeros past M and N);
 - the default partition (the consumer warps: a warp group per 64 rows, so 8 warps for 128 rows
-  as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the one fp32 accumulator, keeps one MMA
-  in flight, frees the stage the one before read, and casts and stores once at the end.
+  as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the one fp32
+  accumulator, keeps one MMA in flight, frees the stage the one before read, and casts and stores
+  once at the end.
 
 Arithmetic: an output element is fp32 FMAs over k = 0, 1, ..., K - 1 in BLOCK_K steps from zero,
 one warpgroup MMA chain per step, then one cast, which is what the Triton kernel's unsplit
@@ -51,11 +52,13 @@ class HopperTiles(NamedTuple):
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
-    """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address,
-    tile shapes the warpgroup MMA allows, and a ring that fits in shared memory."""
+    """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address
+    (none empty: a descriptor needs every size positive), tile shapes the warpgroup MMA allows, and
+    a ring that fits in shared memory."""
     stage_bytes = (tiles.block_m + tiles.block_n) * tiles.block_k * x.element_size()
-    return (x.is_cuda and _is_hopper(x.device) and x.dim() == weight.dim() == 2 and x.dtype == weight.dtype
-            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and weight.stride(-1) == 1
+    return (x.is_cuda and _is_hopper(x.device) and x.dim() == weight.dim() == 2 and x.numel() > 0
+            and weight.numel() > 0 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
             and tiles.block_m in (64, 128, 256) and tiles.block_n in (64, 128, 256)
             and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
