@@ -31,9 +31,7 @@ with its tiles loaded by the TMA (`tma`), with each launch pair, for a split til
 far with each program summing its own chunks (`split_in_program`: no workspace), with each pair,
 then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS), with each
 pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
-(M = 136: 128 + 16 computes 144 rows, 64 three times 192), then warp-specialized blockings
-(`warp_specialize`: a producer warp issuing the TMA loads, consumer warps running the dots, as
-cuBLAS's Hopper kernels do; the best so far's BLOCK_N at 64 x 4 warps, from M = 64 up), then the best so far with a deeper pipeline (DEEP_STAGES at its
+(M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth), then the best so far made persistent (`persistent`: a program per SM looping
 over the tiles, one tile's loads pipelined under the last one's dots), and last, for an unsplit
@@ -126,12 +124,9 @@ COLUMN_BLOCKINGS = [(block_n, warps, stages) for block_n in (32, 64, 128, 256) f
 # Last pass: (BLOCK_M, tail_m), a program's two row tiles (Blocking.tail_m).
 TAILED_ROWS = [(64, 16), (64, 32), (128, 16), (128, 32), (128, 64)]
 DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's warps
-# Warp specialization (Blocking.warp_specialize) takes effect at 4 warps and BLOCK_M >= 64, with TMA
-# loads, no tail and no workspace: the best so far's BLOCK_N at BLOCK_M = 64 (one consumer warp
-# group: at 128, as in cuBLAS's Hopper tiles, triton 3.6 failed to compile it with in-program chunks
-# on the H200, and a q_b_proj run printed nothing more once it first tried 128 x 256, at M = 136,
-# 2026-12-03). Measured there: never picked, 1.5-2.4x cuBLAS (README, "Batch-invariant numerics").
-WARP_SPECIALIZED_STAGES = (3, 4)
+# Not tried: Triton's warp-specialized loops (Blocking.warp_specialize), 1.5-2.4x cuBLAS and never
+# picked in the sixth run (q_b, o_proj, the dense gate/up at every M from 64, 2026-12-03: `_11.json`,
+# README "Batch-invariant numerics"); the Gluon kernel below is that split of the work, built by hand.
 # The Gluon kernel's (BLOCK_M, BLOCK_N, stages), at BLOCK_M / 16 warps: two consumer warp groups on
 # 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64, and four
 # on 256 (M = 136 in one row tile: the weight streamed once; compiled here, not yet timed).
@@ -213,13 +208,6 @@ def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
     return [] if blocking.split_in_program and base.split_k == 1 else [blocking]
 
 
-def warp_specialized(so_far: Blocking, widest: int, split: bool) -> list[Blocking]:
-    """The warp-specialized blockings tried after the best so far (WARP_SPECIALIZED_STAGES's
-    comment), where M needs 64 rows; a split tiling's with its chunks summed in the program."""
-    return [Blocking(64, so_far.block_n, 4, stages, tma=True, split_in_program=split, warp_specialize=True)
-            for stages in WARP_SPECIALIZED_STAGES if widest >= 64]
-
-
 def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
     """The Gluon kernel's blockings (GLUON_TILES) for an unsplit tiling, no more rows than M needs
     (64 always)."""
@@ -276,7 +264,6 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
         time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
                    for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
                    if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
-        time_each(warp_specialized(fastest() or blocking_of(base), widest, base.split_k > 1))
         so_far = fastest() or blocking_of(base)
         time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
         time_each([(fastest() or blocking_of(base))._replace(persistent=True)])

@@ -15,8 +15,8 @@
 # 7's shared gate/up (every count stood).
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # the kernels' gpu tests; which blocking fields keep rows' bits
-#   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the first five shapes (with their table)
-#   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the other five
+#   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the attention's unsplit shapes (with their table)
+#   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the MLP's unsplit shapes and lm_head
 #   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
 #   bash benchmarks/gpu_verify.sh OUT 5   # both numerics served under nsys, as part 4's A/B serves them
 #   bash benchmarks/gpu_verify.sh OUT 6   # --tune-split: o_proj and the dense gate/up (their M = 136 misses)
@@ -29,7 +29,9 @@
 # reads the two exports (per-stage GPU time per step).
 #
 # Parts 2 and 3 print the BLOCKING_BY_M lines to paste into triton_kernels/batch_invariant_matmul.py
-# (part 2's lines for the first five shapes, part 3's for the other five); commit their files under
+# for the six unsplit shapes, the ones the tuner's Gluon pass (its last) can change: the four split
+# ones (q_a, kv_a, the dense down, the shared gate/up) were last tuned in the fifth run, and
+# `--shapes` with theirs re-tunes them (first five and other five until 2026-12-03); commit their files under
 # the next free numbers, benchmarks/results/batch_invariant_matmul_blocking_tuning_N.json (a test
 # requires BLOCKING_BY_M to equal the picks of those files, later over earlier). Runs: 2026-12-01
 # (BLOCK_M, warps, stages: the unnumbered file), 2026-12-02 (and BLOCK_N, TMA: _2 and _3; then
@@ -45,8 +47,8 @@ if [ -z "${DDPROF_COMMIT:-}" ]; then
   exit 2
 fi
 tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/triton_kernels/test_batch_invariant_matmul_hopper.py tests/engine/test_lossless_k2_bf16.py"
-first="q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj"
-second="dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head"
+first="q_b_proj,kv_b_proj,o_proj"
+second="dense gate/up,shared expert down,lm_head"
 case $part in
   1) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"

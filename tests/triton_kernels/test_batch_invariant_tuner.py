@@ -187,20 +187,14 @@ def test_the_persistent_pass_tries_the_best_blocking_persistent_at_every_m(monke
     assert "persistent=True" in tuner.ranges_line(ranges)
 
 
-def test_the_warp_specialized_pass_tries_4_warps_with_tma_loads_at_64_rows(monkeypatch, inputs):
-    """Where triton specializes a K loop (TMA loads, 4 warps, BLOCK_M 64, no tail, no workspace):
-    the best so far's columns at 64 rows, from M = 64 up, a split tiling's with its chunks summed in
-    the program; the later passes build on a warp-specialized pick."""
+def test_the_tuner_no_longer_tries_warp_specialized_loops(monkeypatch, inputs):
+    """Triton's warp-specialized loops were never picked on the H200 (1.5-2.4x cuBLAS): the tuner
+    spends no device time on them, even where they would be timed fastest."""
     for base in (BASE, BASE._replace(split_k=2)):
         ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=base,
-                             cost=lambda b, m: 0.5 if b.warp_specialize and m >= 544 else 1.0)
-        specialized = [e["blocking"] for e in tried if e["blocking"]["warp_specialize"]]
-        assert {e["m"] for e in tried if e["blocking"]["warp_specialize"]} == {m for m in tuner.ROWS if m >= 64}
-        assert all(b["num_warps"] == 4 and b["tma"] and not b["tail_m"] and b["block_m"] == 64
-                   and b["split_in_program"] == (base.split_k > 1) for b in specialized)
-        assert with_blocking(base, ranges, 1088).warp_specialize and not with_blocking(base, ranges, 136).warp_specialize
-        assert any(e["blocking"]["warp_specialize"] and e["blocking"]["num_stages"] in tuner.DEEP_STAGES for e in tried)
-        assert "warp_specialize=True" in tuner.ranges_line(ranges)
+                             cost=lambda b, m: 0.1 if b.warp_specialize else 1.0)
+        assert tried and not any(e["blocking"]["warp_specialize"] for e in tried)
+        assert "warp_specialize=True" not in tuner.ranges_line(ranges)
 
 
 def test_the_gluon_pass_tries_the_hopper_kernels_tiles_for_an_unsplit_tiling_only(monkeypatch, inputs):
