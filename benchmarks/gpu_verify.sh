@@ -39,7 +39,8 @@
 # DEEP_STAGES, for q_a_proj, o_proj and the shared expert's down only: _8; then all ten shapes with
 # split products summed in one launch: part 2 as _9, part 3 as _10), 2026-12-03 (warp-specialized
 # loops and persistent grids: q_b_proj, o_proj and the dense gate/up only, --shapes in one call
-# after part 2's first try ran out of time, as _11).
+# after part 2's first try ran out of time, as _11; then the Gluon kernel's tiles on the six unsplit shapes,
+# part 2 as _12, part 3 as _13).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-8)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
