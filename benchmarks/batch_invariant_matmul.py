@@ -128,10 +128,11 @@ DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's w
 # picked in the sixth run (q_b, o_proj, the dense gate/up at every M from 64, 2026-12-03: `_11.json`,
 # README "Batch-invariant numerics"); the Gluon kernel below is that split of the work, built by hand.
 # The Gluon kernel's (BLOCK_M, BLOCK_N, stages), at BLOCK_M / 16 warps: two consumer warp groups on
-# 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64, and four
-# on 256 (M = 136 in one row tile: the weight streamed once; compiled here, not yet timed).
-GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6), (256, 128, 4),
-               (256, 64, 5)]
+# 128 rows (cuBLAS's nvjet tiles in a k2-layer capture: 256 x 160, 192 x 192), one on 64. Not tried:
+# 256 rows on four groups (M = 136 in one row tile, the weight streamed once), bit-identical but
+# never the fastest config, 1.49-2.23x cuBLAS at M = 136 (H200, commit e0760c6:
+# benchmarks/results/batch_invariant_matmul_hopper_256_rows.json).
+GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
