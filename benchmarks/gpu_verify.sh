@@ -59,7 +59,7 @@ case $part in
      timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
      tail -20 "$out/blocking_$part.log" ;;
-  4) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+  4) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"
      timeout 150 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 7 \
        --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1

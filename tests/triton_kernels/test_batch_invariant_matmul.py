@@ -453,19 +453,24 @@ DECODE_ROWS = [1, 8, 17, 64, 136, 544, 1088]
 @pytest.mark.parametrize("n, k", K2_SHAPES)
 @pytest.mark.parametrize("tma", [False, True])
 def test_k2_shapes_bf16_match_float64_and_are_batch_invariant_on_gpu(n, k, tma):
-    """Each M with its own blocking (BLOCKING_BY_M), loaded through pointers or the TMA."""
+    """Each M with its own blocking (BLOCKING_BY_M), loaded through pointers or the TMA (through
+    pointers, a Gluon pick runs the Triton kernel: the Gluon kernel only loads by TMA)."""
     gen = torch.Generator(device=DEVICE).manual_seed(n + k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
 
     def linear(rows):
-        return batch_invariant_linear(rows, w, tiles_for(n, k, torch.bfloat16, rows.shape[0])._replace(tma=tma))
+        return batch_invariant_linear(rows, w, pointers_or_tma(tiles_for(n, k, torch.bfloat16, rows.shape[0]), tma))
 
     full = linear(x)
     assert relative_error(full, x.double() @ w.double().T) < 1e-2
     for m in DECODE_ROWS:  # row 0 alone and inside every batch size; the last row of each batch too
         assert torch.equal(linear(x[:m])[0], full[0]), m
         assert torch.equal(linear(x[m - 1:m])[0], full[m - 1]), m
+
+
+def pointers_or_tma(tiles, tma: bool):
+    return tiles._replace(tma=tma, gluon=tiles.gluon and tma)
 
 
 @pytest.mark.gpu
