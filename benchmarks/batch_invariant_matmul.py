@@ -34,9 +34,10 @@ pair, where it leaves fewer padded rows than the best's row tile and the tail ca
 (M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
 its bandwidth), then the best so far made persistent (`persistent`: a program per SM looping
-over the tiles, one tile's loads pipelined under the last one's dots), and last, for an unsplit
-tiling, the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
-consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py). Beside the base's own
+over the tiles, one tile's loads pipelined under the last one's dots), and last
+the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
+consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
+its chunks through the workspace and, at tiles up to 128 x 128, in the program). Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -210,12 +211,14 @@ def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
 
 
 def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
-    """The Gluon kernel's blockings (GLUON_TILES) for an unsplit tiling, no more rows than M needs
-    (64 always)."""
-    if base.split_k > 1:
-        return []
-    return [Blocking(block_m, block_n, block_m // 16, stages, tma=True, gluon=True)
-            for block_m, block_n, stages in GLUON_TILES if block_m <= max(64, widest)]
+    """The Gluon kernel's blockings (GLUON_TILES), no more rows than M needs (64 always); for a
+    split tiling each with its chunks through the workspace and, where two fp32 accumulators fit
+    the consumers' registers (BLOCK_M x BLOCK_N <= 128 x 128), summed in the program."""
+    tiles = [Blocking(block_m, block_n, block_m // 16, stages, tma=True, gluon=True)
+             for block_m, block_n, stages in GLUON_TILES if block_m <= max(64, widest)]
+    if base.split_k == 1:
+        return tiles
+    return tiles + [b._replace(split_in_program=True) for b in tiles if b.block_m * b.block_n <= 128 * 128]
 
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,

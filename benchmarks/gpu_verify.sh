@@ -22,6 +22,8 @@
 #   bash benchmarks/gpu_verify.sh OUT 6   # --tune-split: o_proj and the dense gate/up (their M = 136 misses)
 #   bash benchmarks/gpu_verify.sh OUT 7   # --tune-split: q_b_proj and the shared expert both ways
 #   bash benchmarks/gpu_verify.sh OUT 8   # the Gluon GEMM alone: its gpu tests, then it against cuBLAS and the table
+#   bash benchmarks/gpu_verify.sh OUT 9   # its gpu tests, then --tune-blocking: q_a, kv_a, the shared gate/up (split)
+#   bash benchmarks/gpu_verify.sh OUT 10  # --tune-blocking, the dense down (split); then part 4's gpu tests
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -40,9 +42,10 @@
 # split products summed in one launch: part 2 as _9, part 3 as _10), 2026-12-03 (warp-specialized
 # loops and persistent grids: q_b_proj, o_proj and the dense gate/up only, --shapes in one call
 # after part 2's first try ran out of time, as _11; then the Gluon kernel's tiles on the six unsplit shapes,
-# part 2 as _12, part 3 as _13).
+# part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
+# and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-8)}
+out=${1:?OUT} part=${2:?PART (1-10)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -90,6 +93,17 @@ case $part in
      timeout 240 python3 benchmarks/batch_invariant_matmul_hopper.py --rows 17,64,136,544,1088,4096 \
        --out "$out/batch_invariant_matmul_hopper.json" > "$out/hopper.log" 2>&1
      tail -40 "$out/hopper.log" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 8, not $part" >&2; exit 2 ;;
+  9) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul_hopper.py \
+       > "$out/gpu_tests_hopper.txt" 2>&1
+     tail -3 "$out/gpu_tests_hopper.txt"
+     timeout 420 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "q_a_proj,kv_a_proj,shared expert gate/up" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part9.json" > "$out/blocking_9.log" 2>&1
+     tail -24 "$out/blocking_9.log" ;;
+  10) timeout 240 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "dense down" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part10.json" > "$out/blocking_10.log" 2>&1
+     tail -12 "$out/blocking_10.log"
+     timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+     tail -3 "$out/gpu_tests.txt" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 10, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -63,11 +63,13 @@ groups) triton 3.6's data partitioning fails to compile a chunked K loop (WSData
 
 A blocking may hand the product to the Gluon Hopper kernel (`gluon`;
 triton_kernels/batch_invariant_matmul_hopper.py: a producer warp and a consumer warp group per 64
-rows, which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on one fp32
-accumulator, so the same bits (on the H200 at every unsplit K2 shape and decode M). It serves 2-D
-unsplit 16-bit products on a Hopper GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA
-loads; a per-head product, or any on the CPU, runs the same tiles in this kernel, with the same
-bits; on a GPU a 2-D product the Gluon kernel cannot run (hopper.fits) is refused.
+rows, which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on fp32
+accumulators from zero, a split tiling's chunks summed in the same order, in the program or
+through the same workspace and tile counters, so the same bits (the `gpu` tests, at every K2
+shape and decode M). It serves 2-D 16-bit products on a Hopper GPU at BLOCK_M 64, 128 or 256
+with BLOCK_M / 16 warps and TMA loads; a per-head product, or any on the CPU, runs the same tiles
+in this kernel, with the same bits; on a GPU a 2-D product the Gluon kernel cannot run
+(hopper.fits) is refused.
 
 float32 (the router) may run its products on the tensor cores as TF32x3 (`Tiles.fp32_dot`) instead
 of IEEE FMAs: part of the tiling, fixed by (N, K) like BLOCK_K, so still one sequence per element.
@@ -394,10 +396,10 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
-    if t.gluon and (splits > 1 or t.tail_m or t.persistent or t.warp_specialize or not t.tma
+    if t.gluon and (t.tail_m or t.persistent or t.warp_specialize or not t.tma
                     or t.block_m not in (64, 128, 256) or t.num_warps != t.block_m // 16):
-        raise ValueError(f"batch_invariant_matmul: a gluon blocking is one K chunk of 64-, 128- or 256-row TMA tiles at "
-                         f"BLOCK_M / 16 warps, no tail, persistent grid or warp_specialize, not {t}")
+        raise ValueError(f"batch_invariant_matmul: a gluon blocking is 64-, 128- or 256-row TMA tiles at BLOCK_M / 16 "
+                         f"warps, no tail, persistent grid or warp_specialize, not {t}")
     if t.warp_specialize and (not t.tma or t.tail_m or workspace):
         raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile and no workspace "
                          "(triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
@@ -421,18 +423,19 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     if m == 0 or n == 0:
         return
     t, chunk, splits, workspace, programs, options = _plan(n, k, m, x.dtype, tiles)
-    if t.gluon and batch == 1 and x.is_cuda:
-        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages)
-        if not (fits(x[0], w[0], hopper) and out.stride(-1) == 1):
-            raise ValueError(f"batch_invariant_matmul: the Gluon Hopper kernel cannot run {hopper} on "
-                             f"{tuple(x.shape[1:])} x {tuple(w.shape[1:])} {x.dtype} here (batch_invariant_matmul_hopper.fits)")
-        hopper_matmul(x[0], w[0], out[0], hopper)
-        return
     if workspace:
         partials = torch.empty(splits, batch, m, n, dtype=torch.float32, device=x.device)
         counters = _tile_counters(x.device, programs[0] * programs[1] * batch)
     else:
         partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
+    if t.gluon and batch == 1 and x.is_cuda:
+        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages)
+        if not (fits(x[0], w[0], hopper) and out.stride(-1) == 1):
+            raise ValueError(f"batch_invariant_matmul: the Gluon Hopper kernel cannot run {hopper} on "
+                             f"{tuple(x.shape[1:])} x {tuple(w.shape[1:])} {x.dtype} here (batch_invariant_matmul_hopper.fits)")
+        hopper_matmul(x[0], w[0], out[0], hopper, chunk, options["CHUNKS"],
+                      (partials[:, 0], counters) if workspace else None)
+        return
     planes = (splits if workspace else 1) * batch
     grid = (min(programs[0] * programs[1] * planes, _programs_per_device(x.device)),) if t.persistent else (*programs, planes)
     if t.tma:

@@ -1,6 +1,6 @@
 """The batch-invariant GEMM for Hopper (sm_90) in Gluon: the same products, in the same order, as
-`batch_invariant_matmul`'s unsplit bf16 tilings, with the work split between warps as cuBLAS's
-Hopper kernels split it.
+`batch_invariant_matmul`'s bf16 tilings (split or not), with the work split between warps as
+cuBLAS's Hopper kernels split it.
 
 Why a second kernel: what is left of the GEMM goal is M = 136-1,088, where the Triton kernel's
 plain pipelined `tl.dot` loop runs 1.16-1.84x cuBLAS's time. cuBLAS's nvjet kernels there have a
@@ -9,18 +9,21 @@ run the warpgroup MMAs of a 128-row tile. triton 3.6 builds that split from `tl.
 warp_specialize=True)` for one consumer group only (64 rows, 1.5-2.4x cuBLAS on the H200) and fails
 to compile it for two. Gluon states it directly:
 - the worker partition (one warp) waits for a stage to be free, then has the TMA copy the next
-  BLOCK_K columns of the x and w tiles into it (zeros past M and N);
+  BLOCK_K columns of the x and w tiles into it (zeros past M, N and K);
 - the default partition (the consumer warps: a warp group per 64 rows, so 8 warps for 128 rows
-  as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the one fp32
-  accumulator, keeps one MMA in flight, frees the stage the one before read, and casts and stores
-  once at the end.
+  as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the fp32
+  accumulator, keeps one MMA in flight and frees the stage the one before read;
+- the epilogue (all the kernel's warps again) casts and stores once at the end.
 
-Arithmetic: an output element is fp32 FMAs over k = 0, 1, ..., K - 1 in BLOCK_K steps from zero,
-one warpgroup MMA chain per step, then one cast, which is what the Triton kernel's unsplit
-tilings do whatever their BLOCK_M, BLOCK_N, warps or stages (`benchmarks/tile_invariance.py`), so
-a row's bits are the Triton kernel's and do not depend on M. The `gpu` tests hold it to that at K2
-shapes and to a float64 reference; the Triton interpreter cannot run Gluon, so on the CPU it is
-compiled for sm_90 only.
+Arithmetic: an output element is fp32 FMAs over its K chunk in BLOCK_K steps from zero, one
+warpgroup MMA chain per step, which is what the Triton kernel's tilings do whatever their BLOCK_M,
+BLOCK_N, warps or stages (`benchmarks/tile_invariance.py`). A split tiling's chunks are summed in
+chunk order as the Triton kernel sums them: in the program (each chunk from a fresh accumulator,
+`total + chunk`), or through the workspace (each program's fp32 partial to its plane, the last
+program at a tile, by an acquire-release tile counter, adds planes 0, 1, ... S-1). Then one cast.
+So a row's bits are the Triton kernel's and do not depend on M. The `gpu` tests hold it to that
+at K2 shapes and to a float64 reference; the Triton interpreter cannot run Gluon, so on the CPU it
+is compiled for sm_90 only.
 """
 
 from __future__ import annotations
@@ -70,48 +73,62 @@ def _is_hopper(device: torch.device) -> bool:
 
 
 @gluon.jit
-def _load_stages(x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, K,
+def _load_stages(x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, k_start, steps,
                  BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer: step i's x and w tiles into stage i % NUM_STAGES once its last reader freed it
-    (a fresh barrier passes the first round's wait)."""
-    for i in range(gl.cdiv(K, BLOCK_K)):
+    """The producer: step i's x and w tiles (columns k_start + i * BLOCK_K on) into stage i %
+    NUM_STAGES once its last reader freed it (a fresh barrier passes the first round's wait).
+    Past K the TMA fills zeros, as the Triton kernel's last chunk loads them."""
+    for i in range(steps):
         stage = i % NUM_STAGES
         mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [row0, i * BLOCK_K], ready.index(stage), x_smem.index(stage))
-        tma.async_copy_global_to_shared(w_desc, [col0, i * BLOCK_K], ready.index(stage), w_smem.index(stage))
+        k = k_start + i * BLOCK_K
+        tma.async_copy_global_to_shared(x_desc, [row0, k], ready.index(stage), x_smem.index(stage))
+        tma.async_copy_global_to_shared(w_desc, [col0, k], ready.index(stage), w_smem.index(stage))
 
 
 @gluon.jit
-def _multiply_stages(x_smem, w_smem, ready, free, out_ptr, row0, col0, M, N, K, stride_om,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                     NUM_STAGES: gl.constexpr):
-    """The consumers: one MMA per K step on the accumulator, in step order, the step before's stage
-    freed once its MMA is done; then the one cast and the masked store."""
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                     instr_shape=[16, BLOCK_N, 16])
+def _multiply_chunk(x_smem, w_smem, ready, free, first, steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Steps first .. first + steps - 1 on an fp32 accumulator from zero, one MMA per step in step
+    order, the step before's stage freed once its MMA is done; returned once all are done."""
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-    for i in range(gl.cdiv(K, BLOCK_K)):
+    for i in range(first, first + steps):
         stage = i % NUM_STAGES
         mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
         acc = warpgroup_mma(x_smem.index(stage), w_smem.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
         mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    out = out_ptr + gl.expand_dims(rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
 
 @gluon.jit
-def _matmul_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+def _multiply_stages(x_smem, w_smem, ready, free, chunk_steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr):
+    """The consumers: CHUNKS chunks of chunk_steps steps, each accumulated from zero, their sums
+    added in chunk order (the Triton kernel's `acc += more`): the fp32 result, before any cast (a
+    tuple: warp_specialize returns the default partition's results as one)."""
+    total = _multiply_chunk(x_smem, w_smem, ready, free, 0, chunk_steps, layout, BLOCK_M, BLOCK_N, NUM_STAGES)
+    for c in gl.static_range(1, CHUNKS):
+        total = total + _multiply_chunk(x_smem, w_smem, ready, free, c * chunk_steps, chunk_steps, layout, BLOCK_M,
+                                        BLOCK_N, NUM_STAGES)
+    return (total,)
+
+
+@gluon.jit
+def _matmul_kernel(x_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk, splits,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr):
     """out = x @ w^T, one (BLOCK_M, BLOCK_N) tile per program, M fastest along axis 0 (programs
-    launched together share a weight tile in L2, as in the Triton kernel)."""
-    row0 = gl.program_id(0) * BLOCK_M
-    col0 = gl.program_id(1) * BLOCK_N
+    launched together share a weight tile in L2, as in the Triton kernel). K comes in chunks of
+    k_chunk columns (a BLOCK_K multiple): CHUNKS of them in each program, or (WORKSPACE) one per
+    program along axis 2, its fp32 partial stored in partial_ptr's plane (rows of N floats, planes
+    stride_ps apart); the program whose partial arrives last at its tile (counter_ptr: one int32
+    per tile, zero between products) adds the planes in order 0 .. splits - 1, casts, stores and
+    zeroes the counter, as the Triton kernel's workspace tilings do."""
+    pid_m, pid_n = gl.program_id(0), gl.program_id(1)
+    row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+    chunk_steps = k_chunk // BLOCK_K
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     w_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -121,11 +138,34 @@ def _matmul_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; the TMA's bytes complete it
         mbarrier.init(free.index(i), count=1)  # the consumers, once their MMA on it is done
     fence_async_shared()
-    gl.warp_specialize([
-        (_multiply_stages, (x_smem, w_smem, ready, free, out_ptr, row0, col0, M, N, K, stride_om,
-                            BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
-        (_load_stages, (x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, K, BLOCK_K, NUM_STAGES)),
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
+    k_start = gl.program_id(2) * k_chunk  # axis 2 is one program wide unless WORKSPACE
+    acc, = gl.warp_specialize([
+        (_multiply_stages, (x_smem, w_smem, ready, free, chunk_steps, layout, BLOCK_M, BLOCK_N, NUM_STAGES, CHUNKS)),
+        (_load_stages, (x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, k_start, CHUNKS * chunk_steps,
+                        BLOCK_K, NUM_STAGES)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    inside = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+    out = out_ptr + gl.expand_dims(rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+    if WORKSPACE:
+        tile_offsets = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+        plane = partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps
+        gl.store(plane + tile_offsets, acc, mask=inside)
+        tile = counter_ptr + pid_n * gl.num_programs(0) + pid_m
+        gl.thread_barrier()  # every thread's share of the partial stored before the count says it is
+        if gl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            planes = partial_ptr + tile_offsets  # loaded from L2 (.cg): the other planes were stored from other SMs
+            total = gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
+            for _ in range(1, splits):
+                planes += stride_ps
+                total += gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
+            gl.store(out, total.to(out_ptr.dtype.element_ty), mask=inside)
+            gl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
+    else:
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def descriptors(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> tuple[TensorDescriptor, TensorDescriptor]:
@@ -137,14 +177,30 @@ def descriptors(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> tu
     return tile(x, tiles.block_m), tile(weight, tiles.block_n)
 
 
-def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tiles: HopperTiles) -> None:
-    """out (M, N, row-major) = x (M, K) @ weight (N, K)^T, where `fits` allows it."""
+def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tiles: HopperTiles,
+                  k_chunk: int | None = None, chunks: int = 1,
+                  workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """out (M, N, row-major) = x (M, K) @ weight (N, K)^T, where `fits` allows it. K in chunks of
+    k_chunk columns (a BLOCK_K multiple; default: all of K in one): `chunks` of them summed in each
+    program, or with a workspace (partials: S contiguous fp32 [M, N] planes; counters: int32, one
+    per output tile, zero) one chunk per program and S programs per tile."""
     m, k = x.shape
     n = weight.shape[0]
+    k_chunk = k_chunk or triton.cdiv(k, tiles.block_k) * tiles.block_k
+    if k_chunk % tiles.block_k:
+        raise ValueError(f"hopper_matmul: a K chunk of {k_chunk} is not a multiple of BLOCK_K {tiles.block_k}")
+    partials, counters = workspace or (out, out)  # unread without a workspace
+    if workspace is not None and (partials.dtype != torch.float32 or partials.shape[1:] != (m, n)
+                                  or partials.stride()[1:] != (n, 1) or counters.dtype != torch.int32):
+        raise ValueError(f"hopper_matmul: a workspace is fp32 [S, {m}, {n}] planes and int32 counters, not "
+                         f"{partials.dtype} {tuple(partials.shape)} and {counters.dtype}")
+    splits = partials.shape[0] if workspace is not None else 1
     x_desc, w_desc = descriptors(x, weight, tiles)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n))
-    _matmul_kernel[grid](x_desc, w_desc, out, m, n, k, out.stride(0), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-                         BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, num_warps=tiles.block_m // 16)
+    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), splits)
+    _matmul_kernel[grid](x_desc, w_desc, out, partials, counters, m, n, out.stride(0), partials.stride(0), k_chunk,
+                         splits, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                         NUM_STAGES=tiles.num_stages, CHUNKS=chunks, WORKSPACE=workspace is not None,
+                         num_warps=tiles.block_m // 16)
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

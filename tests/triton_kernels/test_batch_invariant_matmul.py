@@ -234,27 +234,27 @@ def test_warp_specialization_without_tma_loads_with_a_tail_tile_or_a_workspace_i
         batch_invariant_linear(x, w, tiles)
 
 
-def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_cannot():
+@pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, tma=True), Tiles(64, 64, 32, 4, 3, split_k=2, tma=True),
+                                   Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, split_in_program=True)])
+def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_cannot(tiles):
     """On the CPU (and for a per-head product anywhere) a gluon blocking is this kernel's own TMA
-    tiling: the same bits as without the flag."""
+    tiling, split or not: the same bits as without the flag."""
     gen = torch.Generator().manual_seed(5)
-    tiles = Tiles(64, 64, 32, 4, 3, tma=True)
     x, w = random((70, 136), torch.float32, gen), random((72, 136), torch.float32, gen, 136 ** -0.5)
     assert torch.equal(batch_invariant_linear(x, w, tiles._replace(gluon=True)), batch_invariant_linear(x, w, tiles))
     heads = random((37, 3, 136), torch.float32, gen), random((3, 40, 136), torch.float32, gen, 136 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(gluon=True)), batch_invariant_per_head(*heads, tiles))
 
 
-@pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, gluon=True),
-                                   Tiles(64, 64, 32, 4, 3, gluon=True), Tiles(32, 64, 32, 2, 3, tma=True, gluon=True),
+@pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, gluon=True), Tiles(32, 64, 32, 2, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 8, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 4, 3, tma=True, tail_m=16, gluon=True),
                                    Tiles(64, 64, 32, 4, 3, tma=True, persistent=True, gluon=True)])
 def test_a_gluon_blocking_the_hopper_kernel_could_not_run_is_refused(tiles):
-    """A split K loop, pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail or a persistent
-    grid: refused at the call, not silently run by this kernel instead."""
+    """Pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail or a persistent grid: refused
+    at the call, not silently run by this kernel instead."""
     x, w = torch.zeros(4, 64), torch.zeros(64, 64)
-    with pytest.raises(ValueError, match="a gluon blocking is one K chunk"):
+    with pytest.raises(ValueError, match="a gluon blocking is 64-, 128- or 256-row TMA tiles"):
         batch_invariant_linear(x, w, tiles)
 
 

@@ -1,5 +1,5 @@
 """hopper_linear (Gluon, sm_90) vs a float64 product and, bit for bit, vs the Triton kernel's rows
-of the full batch at Kimi K2's unsplit shapes. The interpreter cannot run Gluon: on the CPU the
+of the full batch at Kimi K2's shapes, split or not. The interpreter cannot run Gluon: on the CPU the
 kernel is compiled for sm_90 (its warpgroup MMAs and shared-memory ring checked), on the GPU run.
 """
 
@@ -30,26 +30,33 @@ from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_ke
 tiles = HopperTiles(*map(int, sys.argv[1:5]))
 x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
 x_desc, w_desc = descriptors(x, w, tiles)
-constants = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages)
-signature = {"x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc), "out_ptr": "*bf16", "M": "i32",
-             "N": "i32", "K": "i32", "stride_om": "i32", **dict.fromkeys(constants, "constexpr")}
-attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("out_ptr", "N", "K", "stride_om")}
+constants = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages,
+                 CHUNKS=int(sys.argv[5]), WORKSPACE=sys.argv[6] == "True")
+signature = {"x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc), "out_ptr": "*bf16", "partial_ptr": "*fp32",
+             "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32",
+             "splits": "i32", **dict.fromkeys(constants, "constexpr")}
+aligned = ("out_ptr", "partial_ptr", "counter_ptr", "N", "stride_om", "stride_ps", "k_chunk")
+attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 compiled = triton.compile(GluonASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": tiles.block_m // 16})
-print(compiled.asm["ptx"].count("wgmma.mma_async"), compiled.metadata.shared)
+ptx = compiled.asm["ptx"]
+print(ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.acq_rel.add"), compiled.metadata.shared)
 """
 
 
-@pytest.mark.parametrize("tiles", CONFIGS)
-def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles):
-    """One warpgroup MMA per 16 of BLOCK_K in the consumers' loop, and the ring (stages x both
-    tiles) within the H200's shared memory, compiled for sm_90 here in a process of its own."""
+@pytest.mark.parametrize("tiles, chunks, workspace", [(tiles, 1, False) for tiles in CONFIGS]
+                         + [(HopperTiles(64, 128, 64, 6), 2, False), (HopperTiles(128, 128, 64, 4), 4, False),
+                            (HopperTiles(128, 256, 64, 3), 1, True)])
+def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
+    """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
+    unrolled), one acquire-release tile count for a workspace, and the ring (stages x both tiles)
+    within the H200's shared memory, compiled for sm_90 here in a process of its own."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles)],
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles), str(chunks), str(workspace)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    mmas, shared = map(int, done.stdout.split()[-2:])
-    assert mmas == tiles.block_k // 16
+    mmas, counts, shared = map(int, done.stdout.split()[-3:])
+    assert mmas == chunks * tiles.block_k // 16 and counts == workspace
     ring = tiles.num_stages * (tiles.block_m + tiles.block_n) * tiles.block_k * 2
     assert ring <= shared <= SMEM_BYTES
 
@@ -80,6 +87,35 @@ def test_k2_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k):
     for tiles in CONFIGS:
         for m in DECODE_ROWS:
             assert torch.equal(hopper_linear(x[:m], w, tiles), full[:m]), (tiles, m)
+
+
+SPLIT_BLOCKINGS = [dict(block_m=64, block_n=128, num_warps=4, num_stages=6),
+                   dict(block_m=128, block_n=128, num_warps=8, num_stages=4),
+                   dict(block_m=128, block_n=256, num_warps=8, num_stages=3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k > 1])
+def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monkeypatch):
+    """A split tiling run by the Gluon kernel, its chunks summed through the workspace or (tiles up
+    to 128 x 128) in the program: every row at every decode M equals the Triton kernel's same row
+    inside the full batch, which is a float64 product to bf16's error; the tile counters end at 0."""
+    runs = []
+    monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    base = base_tiles(n, k, torch.bfloat16)
+    full = batch_invariant_linear(x, w, base)
+    assert relative_error(full, x.double() @ w.double().T) < 1e-2
+    variants = [base._replace(**blocking, tma=True, gluon=True, split_in_program=in_program)
+                for blocking in SPLIT_BLOCKINGS for in_program in (False, True)
+                if not in_program or blocking["block_m"] * blocking["block_n"] <= 128 * 128]
+    for tiles in variants:
+        for m in DECODE_ROWS:
+            assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m)
+    assert len(runs) == len(variants) * len(DECODE_ROWS)
+    assert not gemm._COUNTERS[x.device][-1].any()
 
 
 @pytest.mark.gpu

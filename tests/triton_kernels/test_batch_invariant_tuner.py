@@ -197,9 +197,10 @@ def test_the_tuner_no_longer_tries_warp_specialized_loops(monkeypatch, inputs):
         assert "warp_specialize=True" not in tuner.ranges_line(ranges)
 
 
-def test_the_gluon_pass_tries_the_hopper_kernels_tiles_for_an_unsplit_tiling_only(monkeypatch, inputs):
+def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_both_ways(monkeypatch, inputs):
     """GLUON_TILES at BLOCK_M / 16 warps with TMA loads, no more rows than M needs, last; picked
-    where fastest; a split tiling never tries them (the Gluon kernel runs one K chunk)."""
+    where fastest; a split tiling tries each through the workspace and, up to 128 x 128 tiles
+    (two accumulators in registers), with its chunks summed in the program."""
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
                          cost=lambda b, m: 0.5 if b.gluon and b.block_m == 128 and m >= 544 else 1.0)
     gluon = [e for e in tried if e["blocking"]["gluon"]]
@@ -211,9 +212,17 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_for_an_unsplit_tiling_onl
     assert all(e["blocking"]["num_warps"] == e["blocking"]["block_m"] // 16 and e["blocking"]["tma"] for e in gluon)
     assert with_blocking(BASE, ranges, 1088).gluon and not with_blocking(BASE, ranges, 136).gluon
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
-    _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
-                    cost=lambda b, m: 1.0)
-    assert not any(e["blocking"]["gluon"] for e in tried)
+    split = BASE._replace(split_k=2)
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=split,
+                         cost=lambda b, m: 0.5 if b.gluon and b.split_in_program and m >= 544 else 1.0)
+    for m in tuner.ROWS:
+        gluon = {(e["blocking"]["block_m"], e["blocking"]["block_n"], e["blocking"]["split_in_program"])
+                 for e in tried if e["m"] == m and e["blocking"]["gluon"]}
+        tiles = {t[:2] for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
+        assert gluon == {(*t, False) for t in tiles} | {(*t, True) for t in tiles if t[0] * t[1] <= 128 * 128}
+    picked = with_blocking(split, ranges, 1088)
+    assert picked.gluon and picked.split_in_program and picked.block_m * picked.block_n <= 128 * 128
+    assert not with_blocking(split, ranges, 136).gluon
 
 
 def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_reaches_it(monkeypatch, inputs):
