@@ -164,7 +164,7 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 # Gluon Hopper kernel's tiles, for the six unsplit shapes: _12.json for q_b_proj, kv_b_proj and
 # o_proj, _13.json for the dense gate/up, the shared expert's down and lm_head; then its eighth,
 # which added the Gluon kernel's split tiles, for q_a_proj, kv_a_proj and the shared gate/up:
-# _14.json; a test checks that they agree).
+# _14.json, and the dense down: _15.json; a test checks that they agree).
 # Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (1536, 7168): ((64, Blocking(64, 32, 4, 8, persistent=True)), (136, Blocking(64, 64, 4, 6, tma=True)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
@@ -173,7 +173,7 @@ BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (16384, 512): ((8, Blocking(16, 32, 4, 4)), (17, Blocking(16, 64, 4, 4, tma=True)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(64, 128, 8, 3, tma=True)), (544, Blocking(128, 128, 8, 3)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
     (7168, 8192): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(64, 32, 4, 8)), (64, Blocking(64, 32, 4, 8, tma=True)), (136, Blocking(128, 128, 4, 6, persistent=True)), (544, Blocking(64, 256, 4, 5, tma=True, persistent=True)), (4096, Blocking(128, 256, 8, 4, tma=True, gluon=True)),),  # o_proj
     (18432, 7168): ((8, Blocking(16, 32, 4, 5)), (17, Blocking(64, 64, 4, 4)), (64, Blocking(64, 64, 4, 4, tma=True)), (544, Blocking(64, 256, 4, 4, tma=True, gluon=True)), (4096, Blocking(128, 256, 8, 3, tma=True, gluon=True)),),  # dense gate/up
-    (7168, 18432): ((8, Blocking(16, 128, 4, 4, tma=True)), (17, Blocking(32, 128, 4, 4)), (64, Blocking(64, 128, 8, 3)), (136, Blocking(64, 128, 4, 4)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True)), (1088, Blocking(64, 128, 4, 4, tma=True, split_in_program=True)), (4096, Blocking(128, 256, 8, 3)),),  # dense down
+    (7168, 18432): ((1, Blocking(16, 32, 4, 5)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(32, 128, 4, 4)), (136, Blocking(64, 128, 8, 3)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 4, tma=True, split_in_program=True, gluon=True)),),  # dense down
     (2048, 7168): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(16, 32, 4, 6)), (64, Blocking(16, 64, 4, 6, tma=True)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)), (1088, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # shared expert gate/up
     (7168, 2048): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(64, 128, 4, 6, tma=True, gluon=True)), (64, Blocking(64, 32, 4, 8)), (136, Blocking(64, 64, 4, 4)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
     (163840, 7168): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(64, 256, 4, 4, tma=True, gluon=True)), (64, Blocking(64, 128, 4, 5, tma=True, persistent=True)), (136, Blocking(128, 128, 8, 3, tma=True, tail_m=16)), (544, Blocking(128, 256, 8, 4, tma=True, gluon=True)), (4096, Blocking(128, 256, 8, 3, tma=True, gluon=True)),),  # lm_head
