@@ -33,7 +33,10 @@ then the best so far with a second row tile per program (`tail_m`, TAILED_ROWS),
 pair, where it leaves fewer padded rows than the best's row tile and the tail can hold a row
 (M = 136: 128 + 16 computes 144 rows, 64 three times 192), then the best so far with a deeper pipeline (DEEP_STAGES at its
 warps: where a program streams a narrow weight tile, as at small M, the loads in flight bound
-its bandwidth), then the best so far made persistent (`persistent`: a program per SM looping
+its bandwidth), then up to M = 1,088 swapped tiles (`swap_ab`, SWAP_ROWS x SWAP_COLUMNS: each
+program computes w x^T, the rows on the MMA's N side, which steps by 8 rows where the M side's
+steps by 64, so that M = 136 runs as 128 + 16 rows; then the best of them with other stages and,
+split, its chunks in the program), then the best so far made persistent (`persistent`: a program per SM looping
 over the tiles, one tile's loads pipelined under the last one's dots), and last
 the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
@@ -41,7 +44,8 @@ its chunks through the workspace and, at tiles up to 128 x 128, in the program).
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
-paste. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
+paste. `--passes` runs some passes only (PASSES), beside the base's and the table's blockings: a
+new pass tried against the table in a fraction of the time, its picks as pasteable as a full run's. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
 two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
 committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.json, a later name's
@@ -66,7 +70,8 @@ expert gate/up,dense down"`: at most 440, about 2 minutes); the router adds 5 + 
 2026-12-02); the table then adds 11 x 8 x 2 timings of about 1 s (rep 50 ms): about 3 minutes for
 all shapes. The run prints each shape's tuning time.
 
-    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking | --tune-split] [--shapes NAME,...] [--out FILE]
+    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking | --tune-split] [--passes NAME,...]
+        [--shapes NAME,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -134,6 +139,18 @@ DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's w
 # never the fastest config, 1.49-2.23x cuBLAS at M = 136 (H200, commit e0760c6:
 # benchmarks/results/batch_invariant_matmul_hopper_256_rows.json).
 GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
+# The swapped pass (Blocking.swap_ab): the rows on the MMA's N side, whose width steps by 8 where
+# the M side's steps by 64 rows a warp group (a 16-row tile there runs the older mma.sync), so
+# 136 rows run as 128 + 16 at the cost of 144, 544 and 1,088 as 2 and 4 tiles of 256 + 16, none
+# padded. (row tile, tail): the two with the fewest padded rows at M, each row tile counted as 16
+# rows more (each streams the whole weight again; ties: the larger tile);
+# (weight rows, warps): a warp group per 64; 4 stages, then SWAP_STAGES for the best. Up to the
+# decode range's end only.
+SWAP_ROWS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (64, 16), (128, 16), (256, 16)]
+SWAP_COLUMNS = [(64, 4), (128, 8)]
+SWAP_STAGES = (3, 6)
+SWAP_UP_TO_M = 1088
+PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "gluon")  # in the order run
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
@@ -221,11 +238,20 @@ def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
     return tiles + [b._replace(split_in_program=True) for b in tiles if b.block_m * b.block_n <= 128 * 128]
 
 
-def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
-                  rows: list[int] = ROWS) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
+def swapped_blockings(m: int, widest: int) -> list[Blocking]:
+    """The swapped pass's first blockings at M (SWAP_ROWS x SWAP_COLUMNS, TMA loads, 4 stages)."""
+    fitting = [(rows, tail) for rows, tail in SWAP_ROWS if (rows < m if tail else rows <= widest)]
+    fewest = sorted(fitting, key=lambda tile: (padded_rows(m, sum(tile)) + 16 * -(-m // sum(tile)), -sum(tile)))[:2]
+    return [Blocking(rows, block_n, warps, 4, tma=True, tail_m=tail, swap_ab=True)
+            for rows, tail in fewest for block_n, warps in SWAP_COLUMNS]
+
+
+def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int] = ROWS,
+                  passes: tuple[str, ...] = PASSES) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
-    tiling's bits (the docstring's passes), then consecutive M with the same pick merged; with
-    everything tried."""
+    tiling's bits (the docstring's passes; `passes` names those run, the base's and the table's
+    own blocking always timed), then consecutive M with the same pick merged; with everything
+    tried."""
     reference = batch_invariant_linear(x, w, base)
     tried, picks = [], []
     for m in rows:
@@ -250,28 +276,39 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles,
                     best[blocking] = ratio if invariant else None
                 tried.append(entry)
 
-        def fastest() -> Blocking | None:
-            return min((b for b, ratio in best.items() if ratio is not None), key=best.get, default=None)
+        def fastest(among=lambda blocking: True) -> Blocking | None:
+            return min((b for b, ratio in best.items() if ratio is not None and among(b)), key=best.get, default=None)
 
-        time_each([blocking_of(base)] + incumbent(base, tuple(w.shape), m)
-                  + [Blocking(block_m, base.block_n, warps, stages) for block_m, warps, stages in ROW_BLOCKINGS
+        time_each([blocking_of(base)] + incumbent(base, tuple(w.shape), m))
+
+        def run(name: str, blockings: list[Blocking]) -> None:
+            if name in passes:
+                time_each(blockings)
+
+        run("rows", [Blocking(block_m, base.block_n, warps, stages) for block_m, warps, stages in ROW_BLOCKINGS
                      if block_m <= widest])
         rows_pick = fastest() or blocking_of(base)
-        time_each([Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
+        run("columns", [Blocking(rows_pick.block_m, block_n, warps, stages) for block_n, warps, stages in COLUMN_BLOCKINGS])
         so_far = fastest() or blocking_of(base)
-        time_each([so_far._replace(num_warps=warps, num_stages=stages, tma=True) for warps, stages in LAUNCHES])
+        run("tma", [so_far._replace(num_warps=warps, num_stages=stages, tma=True) for warps, stages in LAUNCHES])
         if base.split_k > 1:
             so_far = fastest() or blocking_of(base)
-            time_each([so_far._replace(num_warps=warps, num_stages=stages, split_in_program=True)
-                       for warps, stages in LAUNCHES])
+            run("split", [so_far._replace(num_warps=warps, num_stages=stages, split_in_program=True)
+                          for warps, stages in LAUNCHES])
         so_far = fastest() or blocking_of(base)
-        time_each([so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
-                   for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
-                   if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
+        run("tail", [so_far._replace(block_m=block_m, tail_m=tail, num_warps=warps, num_stages=stages)
+                     for block_m, tail in TAILED_ROWS for warps, stages in LAUNCHES
+                     if block_m < m and padded_rows(m, block_m + tail) < padded_rows(m, so_far.block_m + so_far.tail_m)])
         so_far = fastest() or blocking_of(base)
-        time_each([so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
-        time_each([(fastest() or blocking_of(base))._replace(persistent=True)])
-        time_each(gluon_blockings(base, widest))
+        run("deep", [so_far._replace(num_stages=stages) for stages in DEEP_STAGES])
+        if m <= SWAP_UP_TO_M:
+            run("swap", swapped_blockings(m, widest))
+            if fastest(lambda b: b.swap_ab) is not None:
+                run("swap", [fastest(lambda b: b.swap_ab)._replace(num_stages=stages) for stages in SWAP_STAGES])
+                if base.split_k > 1:
+                    run("swap", [fastest(lambda b: b.swap_ab)._replace(split_in_program=True)])
+        run("persistent", [(fastest() or blocking_of(base))._replace(persistent=True)])
+        run("gluon", gluon_blockings(base, widest))
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
@@ -300,7 +337,8 @@ def goal_score(ratios: dict[int, float]) -> tuple[int, float]:
             -sum(math.log(r / GOAL.get(m, 1.15)) for m, r in points.items()))
 
 
-def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[Tiles, tuple, list[dict], list[dict]]:
+def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles,
+               passes: tuple[str, ...] = PASSES) -> tuple[Tiles, tuple, list[dict], list[dict]]:
     """The split count (SPLIT_COUNTS, base's BLOCK_K and tile kept) whose tuned blocking per M meets
     the goal at the most table points: the count fixes every element's K loop, so it is TUNED's
     (one per shape, never per M), but which count serves a shape best depends on the blocking each
@@ -316,7 +354,7 @@ def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles) -> tuple[Tiles, tu
             continue
         chunk_counts.add(chunks)
         print(f"  split_k={split_k}:", flush=True)
-        ranges, tried = tune_blocking(x, w, tiles)
+        ranges, tried = tune_blocking(x, w, tiles, passes=passes)
         ratios = pick_ratios(tiles, ranges, tried)
         score = goal_score(ratios)
         summaries.append({"split_k": split_k, "met": score[0], "ratio_to_cublas": ratios})
@@ -348,6 +386,9 @@ def main() -> None:
     parser.add_argument("--rows", help="comma-separated M to tune and time (default: "
                         + ",".join(map(str, ROWS)) + "; at most the largest): a look at some M only, whose "
                         "picks are not BLOCKING_BY_M's (its lines to paste are not printed)")
+    parser.add_argument("--passes", help="comma-separated --tune-blocking passes to run (default: all, in the "
+                        "order " + ", ".join(PASSES) + "; the base's and the table's blockings are always timed): "
+                        "a new pass against the table alone")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
                         + ", ".join(name for name, _, _ in SHAPES + FLOAT32_SHAPES))
     args = parser.parse_args()
@@ -355,6 +396,8 @@ def main() -> None:
     names = args.shapes.split(",") if args.shapes else [name for (name, _, _), _ in every]
     chosen = [(shape, dtype) for shape, dtype in every if shape[0] in names]
     unknown = sorted(set(names) - {name for (name, _, _), _ in chosen})
+    passes = tuple(args.passes.split(",")) if args.passes else PASSES
+    unknown_passes = sorted(set(passes) - set(PASSES))
     try:
         rows_m = sorted({int(m) for m in args.rows.split(",")}) if args.rows else ROWS  # ranges ascend
         bad_rows = [m for m in rows_m if not 1 <= m <= max(ROWS)]
@@ -362,8 +405,10 @@ def main() -> None:
         bad_rows = [args.rows]
     clash = ("--tune-split picks the split count itself: not with --tune" if args.tune_split and args.tune
              else "--tune-split tunes at the table's M: not with --rows" if args.tune_split and args.rows else None)
-    if unknown or bad_rows or clash or not torch.cuda.is_available():
+    if unknown or unknown_passes or bad_rows or clash or not torch.cuda.is_available():
         problem = (f"no shape named {', '.join(map(repr, unknown))}" if unknown
+                   else f"no pass named {', '.join(map(repr, unknown_passes))} (passes: {', '.join(PASSES)})"
+                   if unknown_passes
                    else f"--rows must be integers 1..{max(ROWS)}, not {', '.join(map(str, bad_rows))}" if bad_rows
                    else clash or "needs a CUDA GPU (torch sees none)")
         print(f"benchmarks/batch_invariant_matmul.py: {problem}", file=sys.stderr)
@@ -395,15 +440,15 @@ def main() -> None:
             started = time.perf_counter()
             if args.tune_split:
                 print(f"tuning {name}'s split count and blocking on {tiles_line(tiles)}")
-                tiles, ranges, tried, splits = tune_split(x, w, tiles)
+                tiles, ranges, tried, splits = tune_split(x, w, tiles, passes)
                 split_tuned[f"{n}x{k}"] = {"name": name, "dtype": dtype_name(dtype), "tiles": tiles._asdict(),
                                            "splits": splits}
                 print("  " + ", ".join(f"split_k={s['split_k']}: {s['met']} points" for s in splits)
                       + f" -> {tiles_line(tiles)}")
             else:
                 print(f"tuning {name}'s blocking on {tiles_line(tiles)}")
-                ranges, tried = tune_blocking(x, w, tiles, rows_m)
-            blocking_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "tried": tried,
+                ranges, tried = tune_blocking(x, w, tiles, rows_m, passes)
+            blocking_tuned[f"{n}x{k}"] = {"name": name, "tiles": tiles._asdict(), "passes": list(passes), "tried": tried,
                                           "ranges": [{"up_to_m": bound, "blocking": b._asdict()} for bound, b in ranges],
                                           "seconds": time.perf_counter() - started}
             print(f"  {name}: {ranges_line(ranges)} ({blocking_tuned[f'{n}x{k}']['seconds']:.0f} s)", flush=True)

@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu_verify.sh OUT 8   # the Gluon GEMM alone: its gpu tests, then it against cuBLAS and the table
 #   bash benchmarks/gpu_verify.sh OUT 9   # its gpu tests, then --tune-blocking: q_a, kv_a, the shared gate/up (split)
 #   bash benchmarks/gpu_verify.sh OUT 10  # --tune-blocking, the dense down (split); then part 4's gpu tests
+#   bash benchmarks/gpu_verify.sh OUT 11  # swapped dots' gpu tests, then --tune-blocking --passes swap: the attention's five
+#   bash benchmarks/gpu_verify.sh OUT 12  # --tune-blocking --passes swap: the MLP's five and lm_head
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -45,7 +47,7 @@
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
 # and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-10)}
+out=${1:?OUT} part=${2:?PART (1-12)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -104,6 +106,17 @@ case $part in
      tail -12 "$out/blocking_10.log"
      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 10, not $part" >&2; exit 2 ;;
+  11|12) shapes=$([ "$part" = 11 ] && echo "q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj" \
+       || echo "dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head")
+     if [ "$part" = 11 ]; then  # the swapped dots' bits first: where they differ, no pass can pick one
+       timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
+         -k swapped > "$out/gpu_tests_swapped.txt" 2>&1
+       tail -3 "$out/gpu_tests_swapped.txt"
+       grep -q " passed" "$out/gpu_tests_swapped.txt" && ! grep -q "failed\|error" "$out/gpu_tests_swapped.txt" || exit 1
+     fi
+     timeout 480 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap --shapes "$shapes" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
+     tail -40 "$out/blocking_$part.log" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 12, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -38,6 +38,15 @@ tail_m rows after them, two dots on each weight tile it loads once. Row tiles ar
 128 + 16 computes 144. A row's K loop is the same in either tile, so its bits are too (the tuner
 checks them like any blocking's).
 
+A blocking may swap the dots' operands (`swap_ab`): each program computes its tile as w x^T, the
+weight's BLOCK_N rows on the MMA's M side and the BLOCK_M (+ tail_m) rows on its N side, and
+stores it back as x w^T. Hopper's warpgroup MMA takes 64 rows a warp group on its M side but any
+multiple of 8 on its N side, so a swapped 16-row tile still runs warpgroup MMAs (unswapped it
+runs the older mma.sync), and 136 rows run as 128 + 16 with no 64-row tail tile. The products
+and their K order are the same; whether the tensor cores sum them to the same bits is the GPU's
+to say (the `gpu` test and the tuner's check: the interpreter's OpenBLAS rounds w x^T and x w^T
+apart).
+
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
 the same dots, so the same bits by construction of the algorithm, and on the H200 the same bits in
@@ -108,6 +117,7 @@ class Tiles(NamedTuple):
     persistent: bool = False  # a program per SM looping over the tiles (a blocking; see the docstring)
     warp_specialize: bool = False  # TMA loads and dots in separate warps (a blocking; see the docstring)
     gluon: bool = False  # run by the Gluon Hopper kernel where it can (a blocking; see the docstring)
+    swap_ab: bool = False  # each tile computed as w x^T, rows on the MMA's narrow side (a blocking; the docstring)
 
 
 class Blocking(NamedTuple):
@@ -123,6 +133,7 @@ class Blocking(NamedTuple):
     persistent: bool = False
     warp_specialize: bool = False
     gluon: bool = False
+    swap_ab: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -194,7 +205,7 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
-                    tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon)
+                    tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon, tiles.swap_ab)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -212,15 +223,33 @@ def tiles_for(n: int, k: int, dtype: torch.dtype, m: int) -> Tiles:
 
 
 @triton.jit
+def _dot(a, b, acc, FP32_DOT: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc + a @ b; SWAP_AB: acc^T + b^T @ a^T, the same products and sums with the rows on the
+    MMA's N side (acc transposed, [BLOCK_N, rows])."""
+    if SWAP_AB:
+        left = tl.trans(b)
+        right = tl.trans(a)
+    else:
+        left = a
+        right = b
+    if FP32_DOT is None:  # 16-bit inputs
+        acc = tl.dot(left, right, acc)
+    else:
+        acc = tl.dot(left, right, acc, input_precision=FP32_DOT)
+    return acc
+
+
+@triton.jit
 def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k_chunk,
                    stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                    BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                   FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SWAP_AB: tl.constexpr):
     """The tiles of x[matrix] @ w[matrix]^T at column col0 over the K chunk [k_start, k_start +
     k_chunk), accumulated in fp32 from zero: rows row0 .. row0 + BLOCK_M and (TAIL_M > 0) the
     TAIL_M rows after them, both dots on each weight tile loaded once (TAIL_M = 0: the tail stays
     zeros, never stored). Every chunk runs the same steps; past K (the last chunk's tail) they load
-    zeros and add 0. xt_ptr: the tail's descriptor (TMA; x_ptr otherwise)."""
+    zeros and add 0. xt_ptr: the tail's descriptor (TMA; x_ptr otherwise). SWAP_AB: the dots run
+    transposed (_dot) and the tiles come back as the plain loop's, [rows, BLOCK_N]."""
     TAIL: tl.constexpr = TAIL_M if TAIL_M > 0 else 16
     batch = matrix.to(tl.int64)
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -233,8 +262,12 @@ def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k
         x = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
         xt = x_ptr + batch * stride_xb + tail_rows[:, None].to(tl.int64) * stride_xm + (k_offset + ks[None, :]) * stride_xk
         w = w_ptr + batch * stride_wb + cols[None, :].to(tl.int64) * stride_wn + (k_offset + ks[:, None]) * stride_wk
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_tail = tl.zeros([TAIL, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_tail = tl.zeros([BLOCK_N, TAIL], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_tail = tl.zeros([TAIL, BLOCK_N], dtype=tl.float32)
     for k in tl.range(0, k_chunk, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         if TMA:
             a = x_ptr.load([matrix, row0, k_start + k]).reshape(BLOCK_M, BLOCK_K)
@@ -250,14 +283,12 @@ def _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, k_start, k
             x += BLOCK_K * stride_xk
             xt += BLOCK_K * stride_xk
             w += BLOCK_K * stride_wk
-        if FP32_DOT is None:  # 16-bit inputs
-            acc = tl.dot(a, b, acc)
-            if TAIL_M > 0:
-                acc_tail = tl.dot(a_tail, b, acc_tail)
-        else:
-            acc = tl.dot(a, b, acc, input_precision=FP32_DOT)
-            if TAIL_M > 0:
-                acc_tail = tl.dot(a_tail, b, acc_tail, input_precision=FP32_DOT)
+        acc = _dot(a, b, acc, FP32_DOT, SWAP_AB)
+        if TAIL_M > 0:
+            acc_tail = _dot(a_tail, b, acc_tail, FP32_DOT, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc_tail = tl.trans(acc_tail)
     return acc, acc_tail
 
 
@@ -293,7 +324,7 @@ def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m,
                  stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
                  BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, CHUNKS: tl.constexpr,
-                 WORKSPACE: tl.constexpr):
+                 WORKSPACE: tl.constexpr, SWAP_AB: tl.constexpr):
     """The output tile (pid_m, pid_n) of plane axis2 = s * batches + b, of a grid_m x grid_n x planes
     grid: its K chunks each [c * k_chunk, (c + 1) * k_chunk) accumulated from zero and then added
     in the order c = 0, 1, ....
@@ -311,12 +342,12 @@ def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m,
     # k_chunk is a BLOCK_K multiple (it specializes as one of 16: aligned loads).
     acc, acc_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, split * CHUNKS * k_chunk,
                                    k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE)
+                                   BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE, SWAP_AB)
     for c in range(1, CHUNKS):  # the first chunk's sum is the start, as in _sum_partials
         more, more_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K,
                                          (split * CHUNKS + c) * k_chunk, k_chunk, stride_xb, stride_xm, stride_xk,
                                          stride_wb, stride_wn, stride_wk, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K,
-                                         FP32_DOT, TMA, WARP_SPECIALIZE)
+                                         FP32_DOT, TMA, WARP_SPECIALIZE, SWAP_AB)
         acc += more
         acc_tail += more_tail
     out = out_ptr + matrix.to(tl.int64) * stride_ob
@@ -348,7 +379,7 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
                    stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
                    BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    FP32_DOT: tl.constexpr, TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, CHUNKS: tl.constexpr,
-                   WORKSPACE: tl.constexpr, PERSISTENT: tl.constexpr):
+                   WORKSPACE: tl.constexpr, PERSISTENT: tl.constexpr, SWAP_AB: tl.constexpr):
     """out[b] = x[b] @ w[b]^T, tile by tile (_output_tile) over a grid_m x grid_n x planes grid.
     Not PERSISTENT: one program per tile, launched on that grid. PERSISTENT: a program per SM,
     each taking tiles pid, pid + programs, ... in the same order, M fastest; the loop is flattened
@@ -363,14 +394,15 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
                          (tile // grid_m) % grid_n, tile // (grid_m * grid_n), grid_m, grid_n, planes, M, N, K,
                          batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                          stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
-                         BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE, CHUNKS, WORKSPACE)
+                         BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, WARP_SPECIALIZE, CHUNKS, WORKSPACE,
+                         SWAP_AB)
     else:
         # Axis 0 walks M fastest: programs launched together share an N tile of the weight (read once into L2).
         _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, tl.program_id(0), tl.program_id(1),
                      tl.program_id(2), grid_m, grid_n, planes, M, N, K, batches, k_chunk, stride_xb, stride_xm,
                      stride_xk, stride_wb, stride_wn, stride_wk, stride_ps, stride_pb, stride_pm, stride_pn,
                      stride_ob, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA,
-                     WARP_SPECIALIZE, CHUNKS, WORKSPACE)
+                     WARP_SPECIALIZE, CHUNKS, WORKSPACE, SWAP_AB)
 
 
 def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -397,17 +429,17 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
-    if t.gluon and (t.tail_m or t.persistent or t.warp_specialize or not t.tma
+    if t.gluon and (t.tail_m or t.persistent or t.warp_specialize or t.swap_ab or not t.tma
                     or t.block_m not in (64, 128, 256) or t.num_warps != t.block_m // 16):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is 64-, 128- or 256-row TMA tiles at BLOCK_M / 16 "
-                         f"warps, no tail, persistent grid or warp_specialize, not {t}")
-    if t.warp_specialize and (not t.tma or t.tail_m or workspace):
-        raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile and no workspace "
-                         "(triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
-                         "workspace's tile counts go wrong: the docstring)")
+                         f"warps, no tail, persistent grid, warp_specialize or swap_ab, not {t}")
+    if t.warp_specialize and (not t.tma or t.tail_m or workspace or t.swap_ab):
+        raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile, no workspace and no "
+                         "swap_ab (triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
+                         "workspace's tile counts go wrong: the docstring; swapped dots were never tried there)")
     options = dict(BLOCK_M=t.block_m, TAIL_M=t.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                    FP32_DOT=t.fp32_dot if dtype == torch.float32 else None, TMA=t.tma, WARP_SPECIALIZE=t.warp_specialize,
-                   CHUNKS=1 if workspace else splits, WORKSPACE=workspace, PERSISTENT=t.persistent,
+                   CHUNKS=1 if workspace else splits, WORKSPACE=workspace, PERSISTENT=t.persistent, SWAP_AB=t.swap_ab,
                    num_warps=t.num_warps, num_stages=t.num_stages)
     return t, chunk, splits, workspace, (triton.cdiv(m, t.block_m + t.tail_m), triton.cdiv(n, t.block_n)), options
 

@@ -225,12 +225,14 @@ def test_a_warp_specialized_blocking_gives_the_plain_loops_bits(split_k, in_prog
 
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, warp_specialize=True),
                                    Tiles(64, 64, 32, 4, 3, tma=True, tail_m=16, warp_specialize=True),
-                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, warp_specialize=True)])
+                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, warp_specialize=True),
+                                   Tiles(64, 64, 32, 4, 3, tma=True, warp_specialize=True, swap_ab=True)])
 def test_warp_specialization_without_tma_loads_with_a_tail_tile_or_a_workspace_is_refused(tiles):
-    """What triton 3.6 fails to compile for sm_90 (an MLIR pass failure, no word of why), and the
-    workspace whose tile counts it got wrong on the H200, are refused with a sentence at the call."""
+    """What triton 3.6 fails to compile for sm_90 (an MLIR pass failure, no word of why), the
+    workspace whose tile counts it got wrong on the H200, and swapped dots (never tried there), are
+    refused with a sentence at the call."""
     x, w = torch.zeros(4, 64), torch.zeros(64, 64)
-    with pytest.raises(ValueError, match="warp_specialize needs TMA loads, no tail tile and no workspace"):
+    with pytest.raises(ValueError, match="warp_specialize needs TMA loads, no tail tile, no workspace and no swap_ab"):
         batch_invariant_linear(x, w, tiles)
 
 
@@ -249,13 +251,41 @@ def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_c
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, gluon=True), Tiles(32, 64, 32, 2, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 8, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 4, 3, tma=True, tail_m=16, gluon=True),
-                                   Tiles(64, 64, 32, 4, 3, tma=True, persistent=True, gluon=True)])
+                                   Tiles(64, 64, 32, 4, 3, tma=True, persistent=True, gluon=True),
+                                   Tiles(64, 64, 32, 4, 3, tma=True, gluon=True, swap_ab=True)])
 def test_a_gluon_blocking_the_hopper_kernel_could_not_run_is_refused(tiles):
-    """Pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail or a persistent grid: refused
+    """Pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail, a persistent grid or swapped
+    dots: refused
     at the call, not silently run by this kernel instead."""
     x, w = torch.zeros(4, 64), torch.zeros(64, 64)
     with pytest.raises(ValueError, match="a gluon blocking is 64-, 128- or 256-row TMA tiles"):
         batch_invariant_linear(x, w, tiles)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("split_k, in_program, tail_m, persistent", [(1, False, 0, False), (3, False, 16, False),
+                                                                     (3, True, 16, False), (3, True, 0, True)])
+def test_swapped_dots_match_float64_keep_a_rows_bits_in_any_batch_and_load_either_way(dtype, tolerance, split_k,
+                                                                                      in_program, tail_m, persistent):
+    """swap_ab: each tile computed as w x^T (the rows on the MMA's N side) and stored back as x w^T,
+    split (through the workspace or in the program), with a tail tile, persistent, per head: the
+    float64 product, the same bits through pointers and the TMA, and a row's bits alone and inside
+    a batch. (That they are the plain dots' bits is the GPU's to say, where the tensor cores sum a
+    product whichever operand holds the row: the `gpu` test below. The interpreter's OpenBLAS
+    rounds w x^T and x w^T apart.)"""
+    gen = torch.Generator().manual_seed(split_k + tail_m + persistent)
+    tiles = split_tiles(split_k)._replace(split_in_program=in_program, tail_m=tail_m, persistent=persistent,
+                                          swap_ab=True)
+    x, w = random((70, 136), dtype, gen), random((72, 136), dtype, gen, 136 ** -0.5)
+    swapped = batch_invariant_linear(x, w, tiles)
+    assert relative_error(swapped, x.double() @ w.double().T) < tolerance
+    assert torch.equal(batch_invariant_linear(x, w, tiles._replace(tma=True)), swapped)
+    assert torch.equal(batch_invariant_linear(x[:1], w, tiles)[0], swapped[0])
+    assert torch.equal(batch_invariant_linear(x[37:], w, tiles)[0], swapped[37])
+    heads = random((37, 3, 136), dtype, gen), random((3, 40, 136), dtype, gen, 136 ** -0.5)
+    per_head = batch_invariant_per_head(*heads, tiles)
+    assert relative_error(per_head, torch.einsum("mha,hba->mhb", heads[0].double(), heads[1].double())) < tolerance
+    assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(tma=True)), per_head)
 
 
 @pytest.mark.parametrize("tail_m", [0, 16])
@@ -390,6 +420,7 @@ from triton_kernels.batch_invariant_matmul import _matmul_kernel
 dtype, tma, chunks, fp32_dot, tail = sys.argv[1], sys.argv[2] == "tma", int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 workspace, persistent = sys.argv[6] == "workspace", sys.argv[7] == "persistent"
 warps, specialize = int(sys.argv[8]), sys.argv[9] == "ws"
+swap = sys.argv[10:] == ["swap"]
 operand = (lambda rows: f"tensordesc<{dtype}[1,{rows},64]>") if tma else (lambda rows: f"*{dtype}")
 # As a launch specializes them: the unit strides (K-major operands, a row-major output) as the
 # constant 1, pointers and the other sizes and strides as multiples of 16 (what pipelines the loads).
@@ -398,7 +429,7 @@ ints = ("M N K batches k_chunk grid_m grid_n planes stride_xb stride_xm stride_w
         "stride_pm stride_ob stride_om").split()
 constants = dict(BLOCK_M=64, TAIL_M=tail, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None if fp32_dot == "-" else fp32_dot,
                  TMA=tma, WARP_SPECIALIZE=specialize, CHUNKS=chunks, WORKSPACE=workspace, PERSISTENT=persistent,
-                 **ones)
+                 SWAP_AB=swap, **ones)
 output = "*fp32" if dtype == "fp32" else "*bf16"
 signature = {"x_ptr": operand(64), "xt_ptr": operand(tail or 64), "w_ptr": operand(128),
              "partial_ptr": "*fp32" if workspace else output, "out_ptr": output,
@@ -409,7 +440,9 @@ aligned = ["partial_ptr", "out_ptr", "counter_ptr", *(i for i in ints if i not i
 attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 compiled = triton.compile(ASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": 4})
-print(compiled.asm["ttgir"].count("ttg.warp_specialize"))  # the loops split into producer and consumer warps
+ttgir = compiled.asm["ttgir"]
+print(ttgir.count("ttng.warp_group_dot "))  # Hopper's warpgroup MMAs (the dots' ops in the loops)
+print(ttgir.count("ttg.warp_specialize"))  # the loops split into producer and consumer warps
 """
 
 
@@ -439,6 +472,21 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(dtype, loads, chunks, fp32
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) == specialized
+
+
+@pytest.mark.parametrize("loads, chunks, tail, sum, grid, warps", [
+    ("tma", 1, 16, "-", "-", 4), ("pointers", 4, 0, "-", "-", 8), ("tma", 1, 32, "workspace", "-", 4),
+    ("tma", 2, 0, "-", "persistent", 4)])
+def test_swapped_dots_compile_for_hopper_to_warpgroup_mmas_without_a_gpu(loads, chunks, tail, sum, grid, warps):
+    """swap_ab compiled for sm_90: each dot (the tail's too, 16 or 32 rows on the MMA's N side) a
+    warpgroup MMA, not the older mma.sync that a 16-row tile on the M side gets (split chunks: the
+    first chunk's dots and the loop's over the others)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, "bf16", loads, str(chunks), "-", str(tail), sum, grid,
+                           str(warps), "-", "swap"],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-2]) == min(chunks, 2) * (2 if tail else 1)
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
@@ -512,6 +560,31 @@ def test_k2_shapes_with_a_tail_tile_a_persistent_grid_or_specialized_warps_keep_
                   specialized, specialized._replace(persistent=True)):
         for m in (136, 1088):
             assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k", K2_SHAPES)
+def test_k2_shapes_with_swapped_dots_keep_the_base_tilings_bits_on_gpu(n, k):
+    """swap_ab as the tuner tries it (16 to 256 rows on the MMA's N side, tails of 16, 64 or 128
+    weight rows on 4 or 8 warps), through the TMA and through pointers, persistent, a split
+    tiling's chunks through the workspace and in the program: every row at each M bit-identical
+    to the base tiling's in the full 1,088-row batch. The tensor cores sum w x^T's products as
+    they sum x w^T's, so the blocking may swap per M."""
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k + 2)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    base = base_tiles(n, k, torch.bfloat16)
+    full = batch_invariant_linear(x, w, base)
+    swapped = [(Blocking(16, 64, 4, 4, tma=True, swap_ab=True), (1, 8, 17)),
+               (Blocking(32, 128, 8, 4, swap_ab=True), (17, 64)),
+               (Blocking(128, 64, 4, 4, tma=True, tail_m=16, swap_ab=True), (136, 544)),
+               (Blocking(256, 64, 4, 3, tma=True, tail_m=16, persistent=True, swap_ab=True), (544, 1088))]
+    if base.split_k > 1:
+        swapped.append((Blocking(128, 64, 4, 4, tma=True, split_in_program=True, tail_m=16, swap_ab=True), (136, 1088)))
+    for blocking, rows in swapped:
+        tiles = base._replace(**blocking._asdict())
+        for m in rows:
+            assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (blocking, m)
 
 
 # Split tilings of the narrow-N, long-K shapes (q_a_proj, kv_a_proj, the shared expert's gate/up,

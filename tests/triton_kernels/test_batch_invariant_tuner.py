@@ -44,11 +44,11 @@ def inputs():
             torch.randint(-4, 5, (24, 16), generator=gen).double())
 
 
-def tune(monkeypatch, inputs, poisoned, cost, base=BASE):
+def tune(monkeypatch, inputs, poisoned, cost, base=BASE, passes=tuner.PASSES):
     gemm = FakeGemm(poisoned, cost)
     monkeypatch.setattr(tuner, "batch_invariant_linear", gemm.linear)
     monkeypatch.setattr(tuner, "bench", gemm.bench)
-    return tuner.tune_blocking(*inputs, base)
+    return tuner.tune_blocking(*inputs, base, passes=passes)
 
 
 def test_the_fastest_invariant_blocking_wins_and_a_faster_variant_one_never_does(monkeypatch, inputs):
@@ -64,9 +64,9 @@ def test_the_fastest_invariant_blocking_wins_and_a_faster_variant_one_never_does
 
 def test_picks_that_change_with_m_make_one_range_each(monkeypatch, inputs):
     """The row tile nearest M is fastest (ties: the first tried, 4 warps and 4 stages; the Gluon
-    kernel's tiles, 256 rows among them, priced out: their own test below)."""
+    kernel's tiles, 256 rows among them, and the swapped ones priced out: their own tests below)."""
     ranges, _ = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
-                     cost=lambda b, m: abs(b.block_m - m) + 10 ** 4 * b.gluon)
+                     cost=lambda b, m: abs(b.block_m - m) + 10 ** 4 * (b.gluon or b.swap_ab))
     assert ranges == ((17, Blocking(16, 128, 4, 4)), (64, Blocking(64, 128, 4, 4)),
                       (max(tuner.ROWS), Blocking(128, 128, 4, 4)))
 
@@ -129,12 +129,13 @@ def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(m
         return tuner.padded_rows(m, rows) + 8 * tuner.padded_rows(m, rows) // rows
 
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=cost)
-    with_tail = {e["m"] for e in tried if e["blocking"]["tail_m"]}
+    tails = [e for e in tried if e["blocking"]["tail_m"] and not e["blocking"]["swap_ab"]]  # the swapped pass's own
+    with_tail = {e["m"] for e in tails}
     assert 136 in with_tail and not with_tail & {1, 8, 17, 64, 4096}
     picked = with_blocking(BASE, ranges, 136)
     assert (picked.block_m, picked.tail_m) == (128, 16)
     assert all(tuner.padded_rows(136, e["blocking"]["block_m"] + e["blocking"]["tail_m"]) < 160
-               for e in tried if e["m"] == 136 and e["blocking"]["tail_m"])
+               for e in tails if e["m"] == 136)
     assert all(e["blocking"]["block_m"] < e["m"] for e in tried if e["blocking"]["tail_m"])  # a tail holds a row
 
 
@@ -223,6 +224,38 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
     picked = with_blocking(split, ranges, 1088)
     assert picked.gluon and picked.split_in_program and picked.block_m * picked.block_n <= 128 * 128
     assert not with_blocking(split, ranges, 136).gluon
+
+
+def test_the_swapped_pass_tries_the_least_padded_row_tiles_to_1088_then_its_best_with_other_stages(monkeypatch, inputs):
+    """At M = 136 the first swapped tiles are 128 + 16 and 64 + 16 rows (144 and 160 computed; 16
+    rows, 144 in 9 tiles, streams the weight 9 times), each at 64 weight rows on 4 warps and 128 on
+    8; at 1,088, 256 + 16 and 128 + 16 (1,088 and 1,152; 32 rows' 1,088 in 34 tiles); none at 4,096. The fastest swapped blocking then runs at SWAP_STAGES and, split, with its chunks in the
+    program; the persistent pass starts from it where it is the fastest of all."""
+    fast = Blocking(128, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
+                         cost=lambda b, m: 0.5 if b._replace(split_in_program=False, persistent=False) == fast
+                         else 0.8 if b.swap_ab else 1.0)
+    swapped = {m: [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["swap_ab"]]
+               for m in tuner.ROWS}
+    assert {(b.block_m, b.tail_m, b.block_n, b.num_warps) for b in swapped[136][:4]} == {
+        (128, 16, 64, 4), (128, 16, 128, 8), (64, 16, 64, 4), (64, 16, 128, 8)}
+    assert {(b.block_m, b.tail_m) for b in swapped[1088][:4]} == {(256, 16), (128, 16)}
+    assert not swapped[4096] and all(swapped[m] for m in tuner.ROWS if m <= 1088)
+    assert fast in swapped[136] and fast._replace(split_in_program=True) in swapped[136]
+    assert fast._replace(persistent=True) in swapped[136]
+    assert with_blocking(BASE, ranges, 136).swap_ab and not with_blocking(BASE, ranges, 4096).swap_ab
+    assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
+
+
+def test_the_named_passes_run_alone_beside_the_base_and_the_tables_blockings(monkeypatch, inputs):
+    shape = tuple(inputs[1].shape)
+    table = Blocking(32, 256, 8, 7)
+    monkeypatch.setitem(tuner.BLOCKING_BY_M, shape, ((4096, table),))
+    _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: 1.0, passes=("swap",))
+    for m in tuner.ROWS:
+        at_m = [Blocking(**e["blocking"]) for e in tried if e["m"] == m]
+        assert at_m[:2] == [blocking_of(BASE), table]
+        assert all(b.swap_ab for b in at_m[2:]) and bool(at_m[2:]) == (m <= tuner.SWAP_UP_TO_M)
 
 
 def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_reaches_it(monkeypatch, inputs):
