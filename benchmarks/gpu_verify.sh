@@ -24,8 +24,8 @@
 #   bash benchmarks/gpu_verify.sh OUT 8   # the Gluon GEMM alone: its gpu tests, then it against cuBLAS and the table
 #   bash benchmarks/gpu_verify.sh OUT 9   # its gpu tests, then --tune-blocking: q_a, kv_a, the shared gate/up (split)
 #   bash benchmarks/gpu_verify.sh OUT 10  # --tune-blocking, the dense down (split); then part 4's gpu tests
-#   bash benchmarks/gpu_verify.sh OUT 11  # swapped dots' gpu tests, then --tune-blocking --passes swap: the attention's five
-#   bash benchmarks/gpu_verify.sh OUT 12  # --tune-blocking --passes swap: the MLP's five and lm_head
+#   bash benchmarks/gpu_verify.sh OUT 11  # swapped dots' gpu tests, then --tune-blocking --passes swap,persistent: the attention's five
+#   bash benchmarks/gpu_verify.sh OUT 12  # --tune-blocking --passes swap,persistent: the MLP's five and lm_head
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -114,7 +114,7 @@ case $part in
        tail -3 "$out/gpu_tests_swapped.txt"
        grep -q " passed" "$out/gpu_tests_swapped.txt" && ! grep -q "failed\|error" "$out/gpu_tests_swapped.txt" || exit 1
      fi
-     timeout 480 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap --shapes "$shapes" \
+     timeout 480 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap,persistent --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
      tail -40 "$out/blocking_$part.log" ;;
   *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 12, not $part" >&2; exit 2 ;;

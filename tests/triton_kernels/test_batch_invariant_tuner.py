@@ -229,17 +229,19 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
 def test_the_swapped_pass_tries_the_least_padded_row_tiles_to_1088_then_its_best_with_other_stages(monkeypatch, inputs):
     """At M = 136 the first swapped tiles are 128 + 16 and 64 + 16 rows (144 and 160 computed; 16
     rows, 144 in 9 tiles, streams the weight 9 times), each at 64 weight rows on 4 warps and 128 on
-    8; at 1,088, 256 + 16 and 128 + 16 (1,088 and 1,152; 32 rows' 1,088 in 34 tiles); none at 4,096. The fastest swapped blocking then runs at SWAP_STAGES and, split, with its chunks in the
-    program; the persistent pass starts from it where it is the fastest of all."""
+    8 (and 128 on 4); at 1,088, 256 + 16 and 128 + 16 (1,088 and 1,152; 32 rows' 1,088 in 34
+    tiles); none at 4,096. The fastest swapped blocking then runs at SWAP_STAGES and, split, with
+    its chunks in the program; the persistent pass starts from it where it is the fastest of all."""
     fast = Blocking(128, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
                          cost=lambda b, m: 0.5 if b._replace(split_in_program=False, persistent=False) == fast
                          else 0.8 if b.swap_ab else 1.0)
     swapped = {m: [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["swap_ab"]]
                for m in tuner.ROWS}
-    assert {(b.block_m, b.tail_m, b.block_n, b.num_warps) for b in swapped[136][:4]} == {
-        (128, 16, 64, 4), (128, 16, 128, 8), (64, 16, 64, 4), (64, 16, 128, 8)}
-    assert {(b.block_m, b.tail_m) for b in swapped[1088][:4]} == {(256, 16), (128, 16)}
+    first = len(tuner.SWAP_COLUMNS) * 2
+    assert {(b.block_m, b.tail_m, b.block_n, b.num_warps) for b in swapped[136][:first]} == {
+        (rows, 16, block_n, warps) for rows in (128, 64) for block_n, warps in tuner.SWAP_COLUMNS}
+    assert {(b.block_m, b.tail_m) for b in swapped[1088][:first]} == {(256, 16), (128, 16)}
     assert not swapped[4096] and all(swapped[m] for m in tuner.ROWS if m <= 1088)
     assert fast in swapped[136] and fast._replace(split_in_program=True) in swapped[136]
     assert fast._replace(persistent=True) in swapped[136]
