@@ -144,11 +144,13 @@ GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 
 # 136 rows run as 128 + 16 at the cost of 144, 544 and 1,088 as 2 and 4 tiles of 256 + 16, none
 # padded. (row tile, tail): the two with the fewest padded rows at M, each row tile counted as 16
 # rows more (each streams the whole weight again; ties: the larger tile);
-# (weight rows, warps): a warp group per 64, or 128 on one; 4 stages, then SWAP_STAGES for the best
-# (in the first swapped run, H200 at 3fe0aa2: _16.json, _17.json, 6 stages beat 4 at M = 136 by
-# 1.43x -> 1.18x cuBLAS on o_proj, so deeper ones are tried too). Up to the decode range's end only.
+# (weight rows, warps): a warp group per 64, 128 on one, or 64 on two, which split the rows' side
+# (a program's MMA work doubled where M fills few programs: 1,088 rows of the shared gate/up in
+# 128 programs of 64 x (256 + 16), one wave); 4 stages, then SWAP_STAGES for the best (in the
+# first swapped run, H200 at 3fe0aa2: _16.json, _17.json, 6 stages beat 4 at M = 136 by 1.43x ->
+# 1.18x cuBLAS on o_proj, so deeper ones are tried too). Up to the decode range's end only.
 SWAP_ROWS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (64, 16), (128, 16), (256, 16)]
-SWAP_COLUMNS = [(64, 4), (128, 8), (128, 4)]
+SWAP_COLUMNS = [(64, 4), (128, 8), (128, 4), (64, 8)]
 SWAP_STAGES = (3, 5, 6, 8)
 SWAP_UP_TO_M = 1088
 PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "gluon")  # in the order run

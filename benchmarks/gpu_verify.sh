@@ -26,6 +26,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 10  # --tune-blocking, the dense down (split); then part 4's gpu tests
 #   bash benchmarks/gpu_verify.sh OUT 11  # swapped dots' gpu tests, then --tune-blocking --passes swap,persistent: the attention's five
 #   bash benchmarks/gpu_verify.sh OUT 12  # --tune-blocking --passes swap,persistent: the MLP's five and lm_head
+#   bash benchmarks/gpu_verify.sh OUT 13  # the same on five shapes with misses at M = 544-1,088, pasted, then the gpu tests
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -47,7 +48,7 @@
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
 # and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-12)}
+out=${1:?OUT} part=${2:?PART (1-13)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -117,6 +118,15 @@ case $part in
      timeout 480 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap,persistent --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
      tail -40 "$out/blocking_$part.log" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 12, not $part" >&2; exit 2 ;;
+  13) timeout 280 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap,persistent \
+       --shapes "shared expert gate/up,kv_b_proj,dense down,q_b_proj,shared expert down" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part13.json" > "$out/blocking_13.log" 2>&1
+     tail -12 "$out/blocking_13.log"
+     # Its picks written into this tree's BLOCKING_BY_M (what pasting them here will commit), then
+     # the GPU tests on them: the result names DDPROF_COMMIT plus these picks.
+     python3 benchmarks/paste_blocking.py "$out/batch_invariant_matmul_blocking_tuning_part13.json" || exit 1
+     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+     tail -3 "$out/gpu_tests.txt" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 13, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"
