@@ -1,7 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
 tiling's chunks summed in one program, a second row tile per program, a persistent grid, warp
-specialization, the Gluon Hopper kernel), at Kimi
+specialization, swapped dots, the Gluon Hopper kernel), at Kimi
 K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
@@ -39,8 +39,8 @@ from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES, TAILED_ROWS,  # noqa: E402
-                                                GLUON_TILES, inputs)
+from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES,  # noqa: E402
+                                                SWAP_COLUMNS, SWAP_ROWS, TAILED_ROWS, gluon_blockings, inputs)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
 
@@ -57,7 +57,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     launch pair, a persistent grid with each launch pair, and TMA loads with each launch pair
     (persistent too), each BLOCK_M and each pair of row tiles, and a warp-specialized TMA loop at
     64 rows and the base's columns (a split tiling's chunks summed in the program; persistent too),
-    and for an unsplit tiling the Gluon Hopper kernel at each of GLUON_TILES; each
+    swapped dots (swap_ab) at each of SWAP_ROWS and SWAP_COLUMNS through the TMA, through pointers,
+    persistent and (split) in the program, and the Gluon Hopper kernel at each of the tuner's Gluon
+    blockings (a split tiling's through the workspace and in the program); each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -80,12 +82,18 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("tma", tiles._replace(block_m=block_m, num_warps=warps, num_stages=stages, tma=True))
                 for block_m, warps, stages in ROW_BLOCKINGS]
     changed += [("tma", tiles._replace(block_m=block_m, tail_m=tail, tma=True)) for block_m, tail in TAILED_ROWS]
+    changed += [("swap_ab", tiles._replace(block_m=rows, tail_m=tail, block_n=64, num_warps=4, num_stages=4, tma=True,
+                                           swap_ab=True)) for rows, tail in SWAP_ROWS]
+    changed += [("swap_ab", tiles._replace(block_m=128, tail_m=16, block_n=block_n, num_warps=warps, num_stages=4, tma=True,
+                                           swap_ab=True)) for block_n, warps in SWAP_COLUMNS]
+    swapped = tiles._replace(block_m=64, tail_m=16, block_n=64, num_warps=4, num_stages=6, swap_ab=True)
+    changed += [("swap_ab", swapped), ("swap_ab", swapped._replace(tma=True, persistent=True))]
+    if tiles.split_k > 1:
+        changed += [("swap_ab", swapped._replace(tma=True, split_in_program=True))]
     specialized = tiles._replace(block_m=64, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES, tma=True,
                                  split_in_program=tiles.split_k > 1, warp_specialize=True)
     changed += [("warp_specialize", variant) for variant in (specialized, specialized._replace(persistent=True))]
-    if tiles.split_k == 1:
-        changed += [("gluon", tiles._replace(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=stages,
-                                             tma=True, gluon=True)) for block_m, block_n, stages in GLUON_TILES]
+    changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, max(ROWS))]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

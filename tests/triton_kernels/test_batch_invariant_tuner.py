@@ -120,6 +120,19 @@ def test_the_invariance_probe_varies_where_the_chunks_are_summed_for_split_tilin
     assert len(split) == len(tuner.LAUNCHES) and all(tiles.split_in_program for tiles in split)
 
 
+def test_the_invariance_probe_covers_swapped_dots_and_the_gluon_kernels_blockings_split_or_not():
+    for base in (BASE, BASE._replace(split_k=4)):
+        probed = variants(base)
+        swapped = [tiles for field, tiles in probed if field == "swap_ab"]
+        assert all(tiles.swap_ab for tiles in swapped)
+        assert {(tiles.block_m, tiles.tail_m) for tiles in swapped} >= set(tuner.SWAP_ROWS)
+        assert {(tiles.block_n, tiles.num_warps) for tiles in swapped} >= set(tuner.SWAP_COLUMNS)
+        assert any(not tiles.tma for tiles in swapped) and any(tiles.persistent for tiles in swapped)
+        assert any(tiles.split_in_program for tiles in swapped) == (base.split_k > 1)
+        gluon = {blocking_of(tiles) for field, tiles in probed if field == "gluon"}
+        assert gluon == set(tuner.gluon_blockings(base, max(tuner.ROWS)))
+
+
 def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(monkeypatch, inputs):
     """Time as the rows computed, padding included, plus 8 per program: at M = 136 the row pass
     keeps 32-row tiles (160 rows, 5 programs), the tail pass finds 128 + 16 (144, one); where the
