@@ -37,7 +37,9 @@ its bandwidth), then up to M = 1,088 swapped tiles (`swap_ab`, SWAP_ROWS x SWAP_
 program computes w x^T, the rows on the MMA's N side, which steps by 8 rows where the M side's
 steps by 64, so that M = 136 runs as 128 + 16 rows; then the best of them with other stages and,
 split, its chunks in the program), then the best so far made persistent (`persistent`: a program per SM looping
-over the tiles, one tile's loads pipelined under the last one's dots), and last
+over the tiles, one tile's loads pipelined under the last one's dots), then for a split tiling
+stream-K (`stream_k`, STREAM_K_BLOCKINGS: a program per SM over equal runs of (tile, chunk) units,
+so that no last wave runs part empty), and last
 the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program). Beside the base's own
@@ -153,7 +155,13 @@ SWAP_ROWS = [(16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (64, 16), (128, 16),
 SWAP_COLUMNS = [(64, 4), (128, 8), (128, 4), (64, 8)]
 SWAP_STAGES = (3, 5, 6, 8)
 SWAP_UP_TO_M = 1088
-PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "gluon")  # in the order run
+# The stream-K pass (Blocking.stream_k, split tilings only): the best so far as a program per SM
+# over equal runs of (tile, chunk) units, and these (BLOCK_M, BLOCK_N, warps, stages, swap_ab)
+# with TMA loads: where a split shape's tiles end in a part-empty wave (the shared gate/up's 2,048
+# columns at M = 544 made 80 tiles of 128 x 128 for 132 SMs; in units of its 4 chunks, 320).
+STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 6, False), (128, 64, 4, 6, True),
+                      (256, 64, 4, 4, True)]
+PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "stream_k", "gluon")  # in the order run
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
 
@@ -249,6 +257,16 @@ def swapped_blockings(m: int, widest: int) -> list[Blocking]:
             for rows, tail in fewest for block_n, warps in SWAP_COLUMNS]
 
 
+def stream_k_blockings(best: Blocking, widest: int) -> list[Blocking]:
+    """The stream-K pass: `best` as stream-K (what it cannot keep dropped: its tail tile, persistent
+    flag, in-program split, warp specialization, Gluon kernel), then STREAM_K_BLOCKINGS no wider
+    than M needs (64 rows always)."""
+    own = best._replace(tail_m=0, persistent=False, split_in_program=False, warp_specialize=False, gluon=False,
+                        stream_k=True)
+    return [own] + [Blocking(block_m, block_n, warps, stages, tma=True, swap_ab=swap, stream_k=True)
+                    for block_m, block_n, warps, stages, swap in STREAM_K_BLOCKINGS if block_m <= max(64, widest)]
+
+
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int] = ROWS,
                   passes: tuple[str, ...] = PASSES) -> tuple[tuple[tuple[int, Blocking], ...], list[dict]]:
     """BLOCKING_BY_M's entry for this shape: at each M the fastest blocking that keeps the base
@@ -311,6 +329,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
                 if base.split_k > 1:
                     run("swap", [fastest(lambda b: b.swap_ab)._replace(split_in_program=True)])
         run("persistent", [(fastest() or blocking_of(base))._replace(persistent=True)])
+        if base.split_k > 1:
+            run("stream_k", stream_k_blockings(fastest() or blocking_of(base), widest))
         run("gluon", gluon_blockings(base, widest))
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M

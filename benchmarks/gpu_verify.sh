@@ -27,6 +27,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 11  # swapped dots' gpu tests, then --tune-blocking --passes swap,persistent: the attention's five
 #   bash benchmarks/gpu_verify.sh OUT 12  # --tune-blocking --passes swap,persistent: the MLP's five and lm_head
 #   bash benchmarks/gpu_verify.sh OUT 13  # the same on five shapes with misses at M = 544-1,088, pasted, then the gpu tests
+#   bash benchmarks/gpu_verify.sh OUT 14  # stream-K's gpu tests, then --tune-blocking --passes stream_k: the four split shapes
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -48,7 +49,7 @@
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
 # and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-13)}
+out=${1:?OUT} part=${2:?PART (1-14)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -125,6 +126,14 @@ case $part in
      python3 benchmarks/paste_blocking.py "$out/batch_invariant_matmul_blocking_tuning_part13.json" || exit 1
      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 13, not $part" >&2; exit 2 ;;
+  14) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
+       -k "stream_k or cuda_graph" > "$out/gpu_tests_stream_k.txt" 2>&1
+     tail -3 "$out/gpu_tests_stream_k.txt"
+     grep -q " passed" "$out/gpu_tests_stream_k.txt" && ! grep -q "failed\|error" "$out/gpu_tests_stream_k.txt" || exit 1
+     timeout 360 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes stream_k \
+       --shapes "q_a_proj,kv_a_proj,dense down,shared expert gate/up" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part14.json" > "$out/blocking_14.log" 2>&1
+     tail -12 "$out/blocking_14.log" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 14, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

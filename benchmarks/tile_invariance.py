@@ -1,7 +1,7 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
 tiling's chunks summed in one program, a second row tile per program, a persistent grid, warp
-specialization, swapped dots, the Gluon Hopper kernel), at Kimi
+specialization, swapped dots, stream-K, the Gluon Hopper kernel), at Kimi
 K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
@@ -40,9 +40,10 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES,  # noqa: E402
-                                                SWAP_COLUMNS, SWAP_ROWS, TAILED_ROWS, gluon_blockings, inputs)
+                                                SWAP_COLUMNS, SWAP_ROWS, TAILED_ROWS, gluon_blockings, inputs,
+                                                stream_k_blockings)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
-from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles  # noqa: E402
+from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles, blocking_of  # noqa: E402
 
 WARPS, STAGES = (4, 8), (3, 4, 5, 6, 8)
 WARP_SPECIALIZED_STAGES = 3  # the tuner's sixth run tried 3 and 4 (it no longer tries them: never picked)
@@ -58,8 +59,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     (persistent too), each BLOCK_M and each pair of row tiles, and a warp-specialized TMA loop at
     64 rows and the base's columns (a split tiling's chunks summed in the program; persistent too),
     swapped dots (swap_ab) at each of SWAP_ROWS and SWAP_COLUMNS through the TMA, through pointers,
-    persistent and (split) in the program, and the Gluon Hopper kernel at each of the tuner's Gluon
-    blockings (a split tiling's through the workspace and in the program); each
+    persistent and (split) in the program, for a split tiling the tuner's stream-K blockings, and
+    the Gluon Hopper kernel at each of the tuner's Gluon blockings (a split tiling's through the
+    workspace and in the program); each
     tiling once, labelled by the first field in that order that it changes. TMA comes last: a
     kernel that faults poisons the CUDA context for what follows."""
     changed = [("num_warps", tiles._replace(num_warps=warps)) for warps in WARPS]
@@ -93,6 +95,9 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     specialized = tiles._replace(block_m=64, num_warps=4, num_stages=WARP_SPECIALIZED_STAGES, tma=True,
                                  split_in_program=tiles.split_k > 1, warp_specialize=True)
     changed += [("warp_specialize", variant) for variant in (specialized, specialized._replace(persistent=True))]
+    if tiles.split_k > 1:
+        changed += [("stream_k", tiles._replace(**blocking._asdict()))
+                    for blocking in stream_k_blockings(blocking_of(tiles), max(ROWS))]
     changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, max(ROWS))]
     unique = {tiles: "control"}
     for field, variant in changed:

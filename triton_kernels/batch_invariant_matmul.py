@@ -47,6 +47,14 @@ and their K order are the same; whether the tensor cores sum them to the same bi
 to say (the `gpu` test and the tuner's check: the interpreter's OpenBLAS rounds w x^T and x w^T
 apart).
 
+A split tiling's blocking may be stream-K (`stream_k`): a program per SM, each over an equal run
+of the product's (tile, chunk) units, so that 80 tiles of 4 chunks (the shared gate/up at M = 544
+in 128 x 128 tiles) keep 132 SMs busy as 320 units rather than leave 52 idle. A tile whose chunks
+all fall in one program is summed there; one that a run boundary cuts goes through the workspace,
+its first piece's chunks summed in order into one plane, the other pieces' each in its own, and
+the piece that completes the tile's count adds them in chunk order (_stream_k_kernel): the same
+fp32 operations per element as the workspace tiling's.
+
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
 the same dots, so the same bits by construction of the algorithm, and on the H200 the same bits in
@@ -118,6 +126,7 @@ class Tiles(NamedTuple):
     warp_specialize: bool = False  # TMA loads and dots in separate warps (a blocking; see the docstring)
     gluon: bool = False  # run by the Gluon Hopper kernel where it can (a blocking; see the docstring)
     swap_ab: bool = False  # each tile computed as w x^T, rows on the MMA's narrow side (a blocking; the docstring)
+    stream_k: bool = False  # a program per SM over equal runs of (tile, chunk) units (a blocking; the docstring)
 
 
 class Blocking(NamedTuple):
@@ -134,6 +143,7 @@ class Blocking(NamedTuple):
     warp_specialize: bool = False
     gluon: bool = False
     swap_ab: bool = False
+    stream_k: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -207,7 +217,8 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
-                    tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon, tiles.swap_ab)
+                    tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon, tiles.swap_ab,
+                    tiles.stream_k)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -407,6 +418,70 @@ def _matmul_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N
                      WARP_SPECIALIZE, CHUNKS, WORKSPACE, SWAP_AB)
 
 
+@triton.jit
+def _prefix_end(first, splits, units, programs):
+    """How many of a tile's chunks (its units first .. first + splits - 1) the program holding its
+    first unit holds: the programs' runs are [p * units // programs, (p + 1) * units // programs)."""
+    holder = ((first + 1) * programs + units - 1) // units - 1
+    return tl.minimum(((holder + 1) * units) // programs, first + splits) - first
+
+
+@triton.jit(do_not_specialize=["M", "grid_m"])
+def _stream_k_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N, K, batches, k_chunk,
+                     grid_m, grid_n, splits, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                     stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+                     TMA: tl.constexpr, SWAP_AB: tl.constexpr):
+    """out[b] = x[b] @ w[b]^T over units (tile, chunk), tile-major (M fastest, as everywhere), each
+    program taking the run [pid * units // programs, (pid + 1) * units // programs): the same
+    units per program to within one, so no last wave runs half empty. Each chunk is accumulated
+    from zero as in every tiling. A tile whose chunks all fall in one program is folded there, c0 +
+    c1 + ... in order, and stored. A tile cut between programs: the piece holding its first chunks
+    folds them likewise and stores that prefix sum in the plane of its last chunk; every other
+    piece stores each chunk's sum in its own plane; each piece then counts its chunks on the
+    tile's counter (acquire-release), and the piece that completes the count adds the prefix and
+    the later planes in order (_sum_partials) and zeroes the counter. The same fp32 operations per
+    element as the workspace tiling's, whichever piece is last."""
+    units = grid_m * grid_n * batches * splits
+    programs = tl.num_programs(0)
+    start = (tl.program_id(0) * units) // programs
+    end = ((tl.program_id(0) + 1) * units) // programs
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for u in tl.range(start, end):
+        tile, c = u // splits, u % splits
+        first = tile * splits
+        pid_m, pid_n, matrix = tile % grid_m, (tile // grid_m) % grid_n, tile // (grid_m * grid_n)
+        row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+        acc, _ = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, c * k_chunk, k_chunk,
+                                stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                                BLOCK_M, 0, BLOCK_N, BLOCK_K, FP32_DOT, TMA, False, SWAP_AB)
+        if c == 0:
+            total = acc
+        else:
+            total = total + acc
+        out = out_ptr + matrix.to(tl.int64) * stride_ob
+        partial = partial_ptr + matrix.to(tl.int64) * stride_pb
+        holds_first = first >= start
+        piece_ends = (c == splits - 1) | (u == end - 1)
+        if holds_first and c == splits - 1:  # the whole tile in this program
+            _store_tile(out, total, row0, col0, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        else:
+            plane = partial + c.to(tl.int64) * stride_ps
+            if not holds_first:
+                _store_tile(plane, acc, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+            elif piece_ends:
+                _store_tile(plane, total, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+            if piece_ends:
+                counted = tl.where(holds_first, c + 1, u - start + 1)
+                counter = counter_ptr + tile
+                tl.debug_barrier()  # every thread's share stored before the count says it is
+                if tl.atomic_add(counter, counted, sem="acq_rel", scope="gpu") == splits - counted:
+                    prefix = _prefix_end(first, splits, units, programs)
+                    _sum_partials(partial + (prefix - 1).to(tl.int64) * stride_ps, out, splits - prefix + 1, row0,
+                                  col0, M, N, stride_ps, stride_pm, stride_pn, stride_om, stride_on, BLOCK_M, BLOCK_N)
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next product
+
+
 def k_chunks(k: int, block_k: int, split_k: int) -> tuple[int, int]:
     """(chunk length, chunk count) of a K loop cut into at most `split_k` chunks of whole BLOCK_K
     blocks: from K and the tiling alone, never M. The count is clamped so that no chunk is empty
@@ -435,6 +510,10 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
                     or t.block_m not in (64, 128, 256) or t.num_warps != t.block_m // 16):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is 64-, 128- or 256-row TMA tiles at BLOCK_M / 16 "
                          f"warps, no tail, persistent grid, warp_specialize or swap_ab, not {t}")
+    if t.stream_k and (t.tail_m or t.persistent or t.split_in_program or t.warp_specialize or t.gluon):
+        raise ValueError(f"batch_invariant_matmul: a stream_k blocking runs its own grid of a program per SM over "
+                         f"(tile, chunk) units: no tail tile, persistent flag, in-program split, warp_specialize or "
+                         f"gluon, not {t}")
     if t.warp_specialize and (not t.tma or t.tail_m or workspace or t.swap_ab):
         raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile, no workspace and no "
                          "swap_ab (triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
@@ -472,13 +551,21 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
                       (partials[:, 0], counters) if workspace else None)
         return
     planes = (splits if workspace else 1) * batch
-    grid = (min(programs[0] * programs[1] * planes, _programs_per_device(x.device)),) if t.persistent else (*programs, planes)
     if t.tma:
         x_arg, w_arg = _descriptor(x, t.block_m, t.block_k), _descriptor(w, t.block_n, t.block_k)
         xt_arg = _descriptor(x, t.tail_m, t.block_k) if t.tail_m else x_arg
     else:
         x_arg, xt_arg, w_arg = x, x, w
     partial_strides = partials.stride() if workspace else (0, *out.stride())
+    if t.stream_k:
+        units = programs[0] * programs[1] * batch * splits
+        _stream_k_kernel[(min(units, _programs_per_device(x.device)),)](
+            x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *programs, splits, *x.stride(),
+            *w.stride(), *partial_strides, *out.stride(),
+            **{name: options[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "FP32_DOT", "TMA", "SWAP_AB",
+                                                "num_warps", "num_stages")})
+        return
+    grid = (min(programs[0] * programs[1] * planes, _programs_per_device(x.device)),) if t.persistent else (*programs, planes)
     _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *programs, planes,
                          *x.stride(), *w.stride(), *partial_strides, *out.stride(), **options)
 

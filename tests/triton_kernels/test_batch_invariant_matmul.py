@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import triton_kernels.batch_invariant_matmul as gemm
-from benchmarks.batch_invariant_matmul import ROWS, blocking_picks
+from benchmarks.batch_invariant_matmul import ROWS, blocking_picks, stream_k_blockings
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, batch_invariant_linear,
                                                    batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
                                                    with_blocking)
@@ -288,6 +288,39 @@ def test_swapped_dots_match_float64_keep_a_rows_bits_in_any_batch_and_load_eithe
     assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(tma=True)), per_head)
 
 
+@pytest.mark.parametrize("programs", [2, 4, 7, 1000])
+@pytest.mark.parametrize("split_k", [1, 2, 3, 5])
+def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tiles(programs, split_k, monkeypatch):
+    """A program per SM (`programs` of them) over equal runs of (tile, chunk) units, so that runs
+    cut tiles anywhere (9 tiles x 5 chunks over 2, 4 or 7 programs; 1,000: one unit each, the
+    workspace tiling's own layout): each piece folds or stores its chunks and the one completing a
+    tile's count adds the prefix and the later planes in order. The workspace tiling's bits, per
+    head too, swapped and through the TMA, and every tile counter back at zero."""
+    monkeypatch.setattr(gemm, "_programs_per_device", lambda device: programs)
+    gen = torch.Generator().manual_seed(programs + split_k)
+    tiles = split_tiles(split_k)
+    x, w = random((70, 200), torch.float32, gen), random((72, 200), torch.float32, gen, 200 ** -0.5)
+    streamed = tiles._replace(stream_k=True)
+    reference = batch_invariant_linear(x, w, tiles)
+    assert torch.equal(batch_invariant_linear(x, w, streamed), reference)
+    assert torch.equal(batch_invariant_linear(x, w, streamed._replace(tma=True)), reference)
+    assert torch.equal(batch_invariant_linear(x, w, streamed._replace(swap_ab=True)),
+                       batch_invariant_linear(x, w, tiles._replace(swap_ab=True)))
+    heads = random((37, 3, 200), torch.float32, gen), random((3, 40, 200), torch.float32, gen, 200 ** -0.5)
+    assert torch.equal(batch_invariant_per_head(*heads, streamed), batch_invariant_per_head(*heads, tiles))
+    assert not any(counters.any() for counters in gemm._COUNTERS.get(torch.device(DEVICE), []))
+
+
+@pytest.mark.parametrize("tiles", [split_tiles(2)._replace(stream_k=True, tail_m=16),
+                                   split_tiles(2)._replace(stream_k=True, persistent=True),
+                                   split_tiles(2)._replace(stream_k=True, split_in_program=True),
+                                   split_tiles(2)._replace(stream_k=True, tma=True, warp_specialize=True),
+                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, stream_k=True, gluon=True)])
+def test_a_stream_k_blocking_with_a_grid_or_split_of_its_own_is_refused(tiles):
+    with pytest.raises(ValueError, match="a stream_k blocking runs its own grid"):
+        batch_invariant_linear(torch.zeros(4, 64), torch.zeros(64, 64), tiles)
+
+
 @pytest.mark.parametrize("tail_m", [0, 16])
 def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m, monkeypatch):
     """The last program of each tile sums the workspace and zeroes the tile's counter: after a
@@ -489,6 +522,48 @@ def test_swapped_dots_compile_for_hopper_to_warpgroup_mmas_without_a_gpu(loads, 
     assert int(done.stdout.split()[-2]) == min(chunks, 2) * (2 if tail else 1)
 
 
+COMPILE_STREAM_K_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton_kernels.batch_invariant_matmul import _stream_k_kernel as kernel
+tma, swap, warps = sys.argv[1] == "tma", sys.argv[2] == "swap", int(sys.argv[3])
+constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None, TMA=tma, SWAP_AB=swap,
+                 **dict.fromkeys(["stride_xk", "stride_wk", "stride_pn", "stride_on"], 1))
+operands = {"x_ptr": 64, "xt_ptr": 64, "w_ptr": 128}  # the rows of each operand's TMA tile
+outputs = {"partial_ptr": "*fp32", "out_ptr": "*bf16", "counter_ptr": "*i32"}
+
+
+def kind(name):
+    if name in constants:
+        return "constexpr"
+    if name in operands:
+        return f"tensordesc<bf16[1,{operands[name]},64]>" if tma else "*bf16"
+    return outputs.get(name, "i32")
+
+
+signature = {name: kind(name) for name in kernel.arg_names}
+aligned = [name for name, kind in signature.items() if kind.startswith("*") or name.startswith("stride_")]
+attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": 4})
+ttgir = compiled.asm["ttgir"]
+print(ttgir.count("ttng.warp_group_dot "), ttgir.count("tt.atomic_rmw"))
+"""
+
+
+@pytest.mark.parametrize("loads, swap, warps", [("tma", "-", 4), ("pointers", "-", 8), ("tma", "swap", 4)])
+def test_the_stream_k_kernel_compiles_for_hopper_without_a_gpu(loads, swap, warps):
+    """The stream-K kernel (its run of units, the pieces' stores, the counter's acquire-release add
+    and reset) compiled for sm_90: one warpgroup MMA in its K loop, the two atomics."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_STREAM_K_FOR_HOPPER, loads, swap, str(warps)],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "2"]
+
+
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
 # gate/up and down (shared expert), lm_head over a 32,768-token slice (an untuned shape) and over
 # K2's whole vocabulary (tuned, with its own blocking per M), the router (float32).
@@ -611,20 +686,42 @@ def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, ti
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape, tiles", K2_SPLITS)
+def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, tiles):
+    """The tuner's stream-K blockings (its first, the base's own, through pointers; then TMA, wider
+    and swapped tiles) on 132 SMs: every row at each decode M bit-identical to the workspace
+    tiling's in the full batch, and every tile counter back at zero."""
+    n, k = shape
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k + tiles.split_k + 3)
+    w = random((n, k), torch.bfloat16, gen, k ** -0.5)
+    x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
+    full = batch_invariant_linear(x, w, tiles)
+    for blocking in stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS)):
+        streamed = tiles._replace(**blocking._asdict())
+        for m in DECODE_ROWS:
+            assert torch.equal(batch_invariant_linear(x[:m], w, streamed), full[:m]), (blocking, m)
+    assert not any(counters.any() for counters in gemm._COUNTERS[torch.device(DEVICE)])
+
+
+@pytest.mark.gpu
 def test_split_k_runs_inside_a_cuda_graph_on_gpu():
     """The workspace comes from the caching allocator, the tile counters were allocated eagerly and
-    nothing waits for the host: a graph captures the split GEMM (linear and per head) and its
-    replays, like repeated eager products, give the eager bits."""
+    nothing waits for the host: a graph captures the split GEMM (linear, per head, and stream-K)
+    and its replays, like repeated eager products, give the eager bits."""
     gen = torch.Generator().manual_seed(11)
     (n, k), tiles = K2_SPLITS[0]
     w, x = random((n, k), torch.bfloat16, gen, k ** -0.5), random((136, k), torch.bfloat16, gen)
     heads, q = random((8, 512, 256), torch.bfloat16, gen), random((17, 8, 256), torch.bfloat16, gen)
     head_tiles = Tiles(64, 64, 64, 4, 3, split_k=2)
-    eager = batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles)
+    streamed = tiles._replace(tma=True, stream_k=True)
+    eager = (batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles),
+             batch_invariant_linear(x, w, streamed))
+    assert torch.equal(eager[2], eager[0])
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles)
+        captured = (batch_invariant_linear(x, w, tiles), batch_invariant_per_head(q, heads, head_tiles),
+                    batch_invariant_linear(x, w, streamed))
     for _ in range(20):  # each replay's last programs read the others' partials: a missing fence shows here
         graph.replay()
         torch.cuda.synchronize()

@@ -120,7 +120,7 @@ def test_the_invariance_probe_varies_where_the_chunks_are_summed_for_split_tilin
     assert len(split) == len(tuner.LAUNCHES) and all(tiles.split_in_program for tiles in split)
 
 
-def test_the_invariance_probe_covers_swapped_dots_and_the_gluon_kernels_blockings_split_or_not():
+def test_the_invariance_probe_covers_swapped_dots_stream_k_and_the_gluon_kernels_blockings_split_or_not():
     for base in (BASE, BASE._replace(split_k=4)):
         probed = variants(base)
         swapped = [tiles for field, tiles in probed if field == "swap_ab"]
@@ -131,6 +131,8 @@ def test_the_invariance_probe_covers_swapped_dots_and_the_gluon_kernels_blocking
         assert any(tiles.split_in_program for tiles in swapped) == (base.split_k > 1)
         gluon = {blocking_of(tiles) for field, tiles in probed if field == "gluon"}
         assert gluon == set(tuner.gluon_blockings(base, max(tuner.ROWS)))
+        streamed = {blocking_of(tiles) for field, tiles in probed if field == "stream_k"}
+        assert streamed == (set(tuner.stream_k_blockings(blocking_of(base), max(tuner.ROWS))) if base.split_k > 1 else set())
 
 
 def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(monkeypatch, inputs):
@@ -248,8 +250,9 @@ def test_the_swapped_pass_tries_the_least_padded_row_tiles_to_1088_then_its_best
     fast = Blocking(128, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=BASE._replace(split_k=2),
                          cost=lambda b, m: 0.5 if b._replace(split_in_program=False, persistent=False) == fast
-                         else 0.8 if b.swap_ab else 1.0)
-    swapped = {m: [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["swap_ab"]]
+                         else 0.8 if b.swap_ab and not b.stream_k else 1.0)
+    swapped = {m: [Blocking(**e["blocking"]) for e in tried
+                   if e["m"] == m and e["blocking"]["swap_ab"] and not e["blocking"]["stream_k"]]  # the swapped pass's
                for m in tuner.ROWS}
     first = len(tuner.SWAP_COLUMNS) * 2
     assert {(b.block_m, b.tail_m, b.block_n, b.num_warps) for b in swapped[136][:first]} == {
@@ -259,6 +262,24 @@ def test_the_swapped_pass_tries_the_least_padded_row_tiles_to_1088_then_its_best
     assert fast in swapped[136] and fast._replace(split_in_program=True) in swapped[136]
     assert fast._replace(persistent=True) in swapped[136]
     assert with_blocking(BASE, ranges, 136).swap_ab and not with_blocking(BASE, ranges, 4096).swap_ab
+    assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
+
+
+def test_the_stream_k_pass_runs_for_split_tilings_only_and_wins_where_fastest(monkeypatch, inputs):
+    """The best so far as stream-K (its tail and persistent flag dropped), then STREAM_K_BLOCKINGS
+    no wider than M needs, after the persistent pass and before the Gluon one."""
+    _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: 1.0)
+    assert not any(e["blocking"]["stream_k"] for e in tried)
+    split = BASE._replace(split_k=4)
+    ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=split,
+                         cost=lambda b, m: 0.5 if b.stream_k and b.block_m == 128 and m >= 544 else 1.0)
+    for m in tuner.ROWS:
+        streamed = [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["stream_k"]]
+        assert streamed and all(not (b.tail_m or b.persistent or b.split_in_program or b.gluon) for b in streamed)
+        widest = 1 << (m - 1).bit_length()
+        assert {b.block_m for b in streamed[1:]} == {t[0] for t in tuner.STREAM_K_BLOCKINGS if t[0] <= max(64, widest)}
+    picked = with_blocking(split, ranges, 1088)
+    assert picked.stream_k and picked.block_m == 128 and not with_blocking(split, ranges, 136).stream_k
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
 
 
