@@ -60,7 +60,9 @@ per M meets the goal at the most table points (ties: the smaller sum of log(rati
 count fixes every element's K loop, so it stays one per shape; `--tune`'s pick scored each tiling
 with one blocking for every M, which no longer runs. The run records each count's points
 ("split_tuned") and the chosen count's blocking search ("blocking_tuned", as `--tune-blocking`
-does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. It costs one blocking
+does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. `--split-counts` names
+other counts (8 for q_a's 24 weight tiles of 64 at M = 136, where 2 chunks leave SMs idle; more
+chunks cost little where stream-K spreads them), and `--passes` shortens each count's search. It costs one blocking
 search per count: 33-79 s per shape in the fifth blocking run (the "seconds" of
 benchmarks/results/batch_invariant_matmul_blocking_tuning_9.json and _10.json).
 
@@ -72,8 +74,8 @@ expert gate/up,dense down"`: at most 440, about 2 minutes); the router adds 5 + 
 2026-12-02); the table then adds 11 x 8 x 2 timings of about 1 s (rep 50 ms): about 3 minutes for
 all shapes. The run prints each shape's tuning time.
 
-    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking | --tune-split] [--passes NAME,...]
-        [--shapes NAME,...] [--out FILE]
+    python3 benchmarks/batch_invariant_matmul.py [--tune] [--tune-blocking | --tune-split [--split-counts S,...]]
+        [--passes NAME,...] [--shapes NAME,...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -360,9 +362,9 @@ def goal_score(ratios: dict[int, float]) -> tuple[int, float]:
             -sum(math.log(r / GOAL.get(m, 1.15)) for m, r in points.items()))
 
 
-def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles,
-               passes: tuple[str, ...] = PASSES) -> tuple[Tiles, tuple, list[dict], list[dict]]:
-    """The split count (SPLIT_COUNTS, base's BLOCK_K and tile kept) whose tuned blocking per M meets
+def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles, passes: tuple[str, ...] = PASSES,
+               counts: tuple[int, ...] = SPLIT_COUNTS) -> tuple[Tiles, tuple, list[dict], list[dict]]:
+    """The split count (`counts`, SPLIT_COUNTS unless told; base's BLOCK_K and tile kept) whose tuned blocking per M meets
     the goal at the most table points: the count fixes every element's K loop, so it is TUNED's
     (one per shape, never per M), but which count serves a shape best depends on the blocking each
     M then gets (a split's workspace costs little once its sum runs in the same launch, and
@@ -370,7 +372,7 @@ def tune_split(x: torch.Tensor, w: torch.Tensor, base: Tiles,
     tried blockings, and each count's summary. Counts that k_chunks clamps to another are skipped."""
     summaries, best = [], None
     chunk_counts = set()
-    for split_k in SPLIT_COUNTS:
+    for split_k in counts:
         tiles = base._replace(split_k=split_k)
         chunks = k_chunks(w.shape[1], tiles.block_k, split_k)[1]
         if chunks in chunk_counts:
@@ -412,6 +414,8 @@ def main() -> None:
     parser.add_argument("--passes", help="comma-separated --tune-blocking passes to run (default: all, in the "
                         "order " + ", ".join(PASSES) + "; the base's and the table's blockings are always timed): "
                         "a new pass against the table alone")
+    parser.add_argument("--split-counts", help="comma-separated split counts --tune-split tries (default: "
+                        + ",".join(map(str, SPLIT_COUNTS)) + "): more chunks, where stream-K can spread them")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all): "
                         + ", ".join(name for name, _, _ in SHAPES + FLOAT32_SHAPES))
     args = parser.parse_args()
@@ -426,8 +430,16 @@ def main() -> None:
         bad_rows = [m for m in rows_m if not 1 <= m <= max(ROWS)]
     except ValueError:
         bad_rows = [args.rows]
+    try:
+        counts = tuple(int(c) for c in args.split_counts.split(",")) if args.split_counts else SPLIT_COUNTS
+        bad_counts = [c for c in counts if c < 1]
+    except ValueError:
+        bad_counts = [args.split_counts]
     clash = ("--tune-split picks the split count itself: not with --tune" if args.tune_split and args.tune
-             else "--tune-split tunes at the table's M: not with --rows" if args.tune_split and args.rows else None)
+             else "--tune-split tunes at the table's M: not with --rows" if args.tune_split and args.rows
+             else "--split-counts is --tune-split's: not without it" if args.split_counts and not args.tune_split
+             else f"--split-counts must be positive integers, not {', '.join(map(str, bad_counts))}" if bad_counts
+             else None)
     if unknown or unknown_passes or bad_rows or clash or not torch.cuda.is_available():
         problem = (f"no shape named {', '.join(map(repr, unknown))}" if unknown
                    else f"no pass named {', '.join(map(repr, unknown_passes))} (passes: {', '.join(PASSES)})"
@@ -463,7 +475,7 @@ def main() -> None:
             started = time.perf_counter()
             if args.tune_split:
                 print(f"tuning {name}'s split count and blocking on {tiles_line(tiles)}")
-                tiles, ranges, tried, splits = tune_split(x, w, tiles, passes)
+                tiles, ranges, tried, splits = tune_split(x, w, tiles, passes, counts)
                 split_tuned[f"{n}x{k}"] = {"name": name, "dtype": dtype_name(dtype), "tiles": tiles._asdict(),
                                            "splits": splits}
                 print("  " + ", ".join(f"split_k={s['split_k']}: {s['met']} points" for s in splits)

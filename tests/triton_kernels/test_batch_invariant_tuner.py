@@ -4,6 +4,10 @@ never picked however fast, the fastest invariant one is, equal picks at consecut
 one range, and a base tiling that differs from itself across M stops the run."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,6 +191,8 @@ def test_the_split_pass_keeps_the_count_whose_blocking_meets_the_goal_at_more_po
     assert [s["split_k"] for s in clamped] == [1, 2]
     assert {e["m"] for e in tried} == set(tuner.ROWS)
     assert any(e["blocking"]["split_in_program"] for e in tried)  # the chosen count's own blocking search
+    four, _, _, told = tuner.tune_split(*inputs, BASE._replace(block_k=1), counts=(4, 8))  # --split-counts
+    assert [s["split_k"] for s in told] == [4, 8] and four.split_k == 4
 
 
 def test_the_goal_score_counts_points_up_to_1088_rows_then_how_far_off_they_are():
@@ -305,3 +311,17 @@ def test_the_blocking_the_table_serves_today_is_timed_and_kept_where_no_pass_rea
     assert with_blocking(BASE, ranges, 64) == BASE._replace(**table._asdict())
     assert {e["m"] for e in tried if Blocking(**e["blocking"]) == table} == {m for m in tuner.ROWS if m <= 64}
     assert not any(e["blocking"]["split_in_program"] for e in tried)
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--passes", "swap,fast"], "no pass named 'fast'"), (["--shapes", "q_a_proj,nope"], "no shape named 'nope'"),
+    (["--tune-split", "--split-counts", "2,x"], "--split-counts must be positive integers, not 2,x"),
+    (["--tune-split", "--split-counts", "0,4"], "--split-counts must be positive integers, not 0"),
+    (["--tune-blocking", "--split-counts", "8"], "--split-counts is --tune-split's"),
+    ([], "needs a CUDA GPU")])
+def test_bad_arguments_get_one_line_and_exit_2(args, problem):
+    """Named before the GPU is looked for, so this machine's CPU says which argument is wrong."""
+    done = subprocess.run([sys.executable, str(Path(tuner.__file__)), *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("benchmarks/batch_invariant_matmul.py: ") and problem in done.stderr, done.stderr
