@@ -166,13 +166,21 @@ def main() -> None:
                 print(f"{described} {row['identical_rows']:>7} of {row['rows']:<5} {row['max_abs_diff']:10.3g}")
             rows.append({"changed": field, **row})
         shapes.append({"shape": name, "n": n, "k": k, "tiles": tiles._asdict(), "variants": rows})
+        outcome, by_field = write_shapes(args.out, shapes)  # after every shape, so a cut-short run keeps its shapes
+    print(f"rows across blockings: {outcome} (" + ", ".join(f"{f}: {v}" for f, v in by_field.items()) + ")")
+
+
+def write_shapes(out: Path, shapes: list[dict]) -> tuple[str, dict[str, str]]:
+    """The result file for the shapes compared so far ("shapes_done" of all SHAPES); its verdicts,
+    "incomplete" overall until every shape is done (the per-field ones cover the shapes done)."""
     every = [row for shape in shapes for row in shape["variants"]]
     by_field = {field: verdict([row for row in every if row["changed"] == field])
                 for field in dict.fromkeys(row["changed"] for row in every)}
-    outcome = verdict(every)
-    print(f"rows across blockings: {outcome} (" + ", ".join(f"{f}: {v}" for f, v in by_field.items()) + ")")
-    write_result(args.out, {"benchmark": "tile_invariance", "machine": describe(), "rows_m": ROWS,
-                            "verdict": outcome, "verdict_by_field": by_field, "shapes": shapes})
+    outcome = verdict(every) if len(shapes) == len(SHAPES) else "incomplete"
+    write_result(out, {"benchmark": "tile_invariance", "machine": describe(), "rows_m": ROWS, "verdict": outcome,
+                       "verdict_by_field": by_field, "shapes_done": f"{len(shapes)} of {len(SHAPES)}",
+                       "shapes": shapes})
+    return outcome, by_field
 
 
 if __name__ == "__main__":
