@@ -325,3 +325,17 @@ def test_bad_arguments_get_one_line_and_exit_2(args, problem):
                           timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("benchmarks/batch_invariant_matmul.py: ") and problem in done.stderr, done.stderr
+
+
+def test_the_invariance_probes_file_says_incomplete_until_every_shape_is_done(monkeypatch, tmp_path):
+    import benchmarks.tile_invariance as probe
+    written = []
+    monkeypatch.setattr(probe, "write_result", lambda path, result: written.append(result))
+    monkeypatch.setattr(probe, "describe", lambda: {})
+    same = {"changed": "num_warps", "rows": 4, "identical_rows": 4}
+    shapes = [{"shape": name, "variants": [same]} for name, _, _ in probe.SHAPES]
+    assert probe.write_shapes(tmp_path / "out.json", shapes[:3]) == ("incomplete", {"num_warps": "identical"})
+    assert written[-1]["shapes_done"] == f"3 of {len(probe.SHAPES)}"
+    assert probe.write_shapes(tmp_path / "out.json", shapes)[0] == "identical"
+    shapes[-1]["variants"] = [{**same, "identical_rows": 3}]
+    assert probe.write_shapes(tmp_path / "out.json", shapes) == ("differs", {"num_warps": "differs"})
