@@ -9,7 +9,8 @@ and a row's place inside its tile does not change them. A batch axis (one matrix
 absorbed projections) rides on the grid's third axis.
 
 What may follow M is the blocking (`Blocking`: BLOCK_M, BLOCK_N, warps, pipeline stages, TMA loads,
-where a split tiling's chunks are summed, a tail row tile, a persistent grid): it changes which
+where a split tiling's chunks are summed, a tail row tile, a persistent grid, swapped dots,
+stream-K, the Gluon kernel): it changes which
 outputs share a program and how they are loaded and added up, not an element's K loop (BLOCK_K
 steps, split-K chunks). On the H200 every row kept its fp32 accumulator bits across BLOCK_M
 16..128, BLOCK_N 32..256, 4 or 8 warps, 3 to 8 stages, tail tiles, TMA loads and the persistent
