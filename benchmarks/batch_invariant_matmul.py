@@ -36,18 +36,19 @@ warps: where a program streams a narrow weight tile, as at small M, the loads in
 its bandwidth), then up to M = 1,088 swapped tiles (`swap_ab`, SWAP_ROWS x SWAP_COLUMNS: each
 program computes w x^T, the rows on the MMA's N side, which steps by 8 rows where the M side's
 steps by 64, so that M = 136 runs as 128 + 16 rows; then the best of them with other stages and,
-split, its chunks in the program), then the best so far made persistent (`persistent`: a program per SM looping
-over the tiles, one tile's loads pipelined under the last one's dots), then for a split tiling
-stream-K (`stream_k`, STREAM_K_BLOCKINGS: a program per SM over equal runs of (tile, chunk) units,
-so that no last wave runs part empty), and last
-the Gluon Hopper kernel's blockings (`gluon`, GLUON_TILES: a producer warp and one or two
+split, its chunks in the program), then the best so far made persistent (`persistent`: a
+program per SM looping over the tiles, one tile's loads pipelined under the last one's dots), then
+for a split tiling stream-K (`stream_k`, STREAM_K_BLOCKINGS: a program per SM over equal runs of
+(tile, chunk) units, so that no last wave runs part empty), and last the Gluon Hopper kernel's
+blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program). Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
 paste. `--passes` runs some passes only (PASSES), beside the base's and the table's blockings: a
-new pass tried against the table in a fraction of the time, its picks as pasteable as a full run's. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
+new pass tried against the table in a fraction of the time, its picks as pasteable as a full
+run's. It times 8 x (cuBLAS + at most 20 candidates) per shape, about 45 s with the compiles at 7
 M (the runs of 2026-12-02, before 4,096 and the last pass), so all ten shapes with their table take
 two device calls (`--shapes`, benchmarks/gpu_verify.sh parts 2 and 3). The
 committed runs are benchmarks/results/batch_invariant_matmul_blocking_tuning*.json, a later name's
@@ -62,8 +63,8 @@ with one blocking for every M, which no longer runs. The run records each count'
 ("split_tuned") and the chosen count's blocking search ("blocking_tuned", as `--tune-blocking`
 does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. `--split-counts` names
 other counts (8 for q_a's 24 weight tiles of 64 at M = 136, where 2 chunks leave SMs idle; more
-chunks cost little where stream-K spreads them), and `--passes` shortens each count's search. It costs one blocking
-search per count: 33-79 s per shape in the fifth blocking run (the "seconds" of
+chunks cost little where stream-K spreads them), and `--passes` shortens each count's search. It
+costs one blocking search per count: 33-79 s per shape in the fifth blocking run (the "seconds" of
 benchmarks/results/batch_invariant_matmul_blocking_tuning_9.json and _10.json).
 
 How long on the H200: a timing (two graph timings of TUNE_REP_MS x 10 replays) takes about 0.25 s,
