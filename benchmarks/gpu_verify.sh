@@ -14,7 +14,7 @@
 # counts) and leave BLOCKING_BY_M to parts 2 and 3. Runs: 2026-12-02 at 69c7370, part 6 and part
 # 7's shared gate/up (every count stood).
 #
-#   bash benchmarks/gpu_verify.sh OUT 1   # which blocking fields keep rows' bits (swapped dots and split Gluon ones too)
+#   bash benchmarks/gpu_verify.sh OUT 1   # which blocking fields keep rows' bits (swapped, stream-K and split Gluon too)
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the attention's unsplit shapes (with their table)
 #   bash benchmarks/gpu_verify.sh OUT 3   # --tune-blocking, the MLP's unsplit shapes and lm_head
 #   bash benchmarks/gpu_verify.sh OUT 4   # after pasting BLOCKING_BY_M: gpu tests again, the end-to-end A/B
@@ -57,6 +57,14 @@ fi
 tests="tests/triton_kernels/test_fused_moe.py tests/triton_kernels/test_batch_invariant_matmul.py tests/triton_kernels/test_batch_invariant_matmul_hopper.py tests/engine/test_lossless_k2_bf16.py"
 first="q_b_proj,kv_b_proj,o_proj"
 second="dense gate/up,shared expert down,lm_head"
+# The GEMM's gpu tests that -k selects, into $out/FILE; the part stops here unless they all passed
+# (a new blocking whose bits differ is no blocking the tuning after them may pick).
+gate_on_gpu_tests() {  # LIMIT_S KEYWORDS FILE
+  timeout "$1" python3 -m pytest -q -x -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
+    -k "$2" > "$out/$3" 2>&1
+  tail -3 "$out/$3"
+  grep -q " passed" "$out/$3" && ! grep -q "failed\|error" "$out/$3" || exit 1
+}
 case $part in
   1) timeout 560 python3 benchmarks/tile_invariance.py --out "$out/tile_invariance.json" > "$out/tile_invariance.log" 2>&1
      tail -1 "$out/tile_invariance.log" ;;
@@ -109,10 +117,7 @@ case $part in
   11|12) shapes=$([ "$part" = 11 ] && echo "q_a_proj,q_b_proj,kv_a_proj,kv_b_proj,o_proj" \
        || echo "dense gate/up,dense down,shared expert gate/up,shared expert down,lm_head")
      if [ "$part" = 11 ]; then  # the swapped dots' bits first: where they differ, no pass can pick one
-       timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
-         -k swapped > "$out/gpu_tests_swapped.txt" 2>&1
-       tail -3 "$out/gpu_tests_swapped.txt"
-       grep -q " passed" "$out/gpu_tests_swapped.txt" && ! grep -q "failed\|error" "$out/gpu_tests_swapped.txt" || exit 1
+       gate_on_gpu_tests 150 swapped gpu_tests_swapped.txt
      fi
      timeout 480 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes swap,persistent --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
@@ -126,10 +131,7 @@ case $part in
      python3 benchmarks/paste_blocking.py "$out/batch_invariant_matmul_blocking_tuning_part13.json" || exit 1
      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt" ;;
-  14) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
-       -k "stream_k or cuda_graph" > "$out/gpu_tests_stream_k.txt" 2>&1
-     tail -3 "$out/gpu_tests_stream_k.txt"
-     grep -q " passed" "$out/gpu_tests_stream_k.txt" && ! grep -q "failed\|error" "$out/gpu_tests_stream_k.txt" || exit 1
+  14) gate_on_gpu_tests 200 "stream_k or cuda_graph" gpu_tests_stream_k.txt
      timeout 360 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes stream_k \
        --shapes "q_a_proj,kv_a_proj,dense down,shared expert gate/up" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part14.json" > "$out/blocking_14.log" 2>&1

@@ -41,18 +41,17 @@ def main() -> None:
     parser.add_argument("results", nargs="+", type=Path, help="--tune-blocking result files, earlier first")
     parser.add_argument("--kernel", type=Path, default=KERNEL, help="the file holding BLOCKING_BY_M")
     args = parser.parse_args()
-    text = None
+    where = args.kernel  # the file the one line names
     try:
         text = args.kernel.read_text()
-        for path in args.results:
-            where = path
-            picks = blocking_picks(json.loads(path.read_text()))
+        for where in args.results:
+            picks = blocking_picks(json.loads(where.read_text()))
             if not picks:
                 raise ValueError("no blocking picks in it (not a --tune-blocking run)")
             text = paste(text, picks)
-            print(f"{path}: {len(picks)} shapes")
+            print(f"{where}: {len(picks)} shapes")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"benchmarks/paste_blocking.py: {where if text is not None else args.kernel}: {error}", file=sys.stderr)
+        print(f"benchmarks/paste_blocking.py: {where}: {error}", file=sys.stderr)
         sys.exit(2)
     args.kernel.write_text(text)
 

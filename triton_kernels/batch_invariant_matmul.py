@@ -188,7 +188,8 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 # which added the Gluon kernel's split tiles, for q_a_proj, kv_a_proj and the shared gate/up:
 # _14.json, and the dense down: _15.json; then its ninth, the swapped pass alone (--passes swap)
 # beside the table, for all ten shapes: _16.json, _17.json, and again with deeper stages and the
-# persistent pass: _18.json, _19.json; a test checks that they agree).
+# persistent pass: _18.json, _19.json, then for q_b_proj, kv_b_proj, the dense down and the shared
+# gate/up with 64 weight rows on two warp groups too: _20.json; a test checks that they agree).
 # Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
     (1536, 7168): ((1, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(64, 32, 4, 8, persistent=True)), (136, Blocking(64, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
