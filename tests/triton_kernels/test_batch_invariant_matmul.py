@@ -308,7 +308,7 @@ def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tile
                        batch_invariant_linear(x, w, tiles._replace(swap_ab=True)))
     heads = random((37, 3, 200), torch.float32, gen), random((3, 40, 200), torch.float32, gen, 200 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, streamed), batch_invariant_per_head(*heads, tiles))
-    assert not any(counters.any() for counters in gemm._COUNTERS.get(torch.device(DEVICE), []))
+    assert not any(counters.any() for counters in gemm._COUNTERS.get(x.device, []))
 
 
 @pytest.mark.parametrize("tiles", [split_tiles(2)._replace(stream_k=True, tail_m=16),
@@ -710,7 +710,7 @@ def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, ti
         for m in DECODE_ROWS:
             assert torch.equal(batch_invariant_linear(x[:m], w, streamed), full[:m]), (blocking, m)
     assert ran[0] == stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS))[0] and len(ran) > 1, ran
-    assert not any(counters.any() for counters in gemm._COUNTERS[torch.device(DEVICE)])
+    assert not any(counters.any() for counters in gemm._COUNTERS[x.device])
 
 
 @pytest.mark.gpu
