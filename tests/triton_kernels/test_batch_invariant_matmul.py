@@ -330,7 +330,7 @@ def test_a_workspace_product_leaves_its_tile_counters_at_zero(tail_m, monkeypatc
     gen = torch.Generator().manual_seed(5 + tail_m)
     tiles = split_tiles(3)._replace(tail_m=tail_m)
     w = random((72, 200), torch.float32, gen, 200 ** -0.5)
-    device = torch.device(DEVICE)
+    device = w.device  # cuda:0 on a GPU, the key the GEMM uses
     # Too few: the first product grows it. The module's own buffers come back after the test.
     monkeypatch.setitem(gemm._COUNTERS, device, [torch.zeros(1, dtype=torch.int32, device=device)])
     for m in (37, 37, 70):
