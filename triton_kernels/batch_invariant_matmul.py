@@ -151,7 +151,7 @@ class Blocking(NamedTuple):
 # --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
 # benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
 TUNED: dict[tuple[int, int], Tiles] = {
-    (1536, 7168): Tiles(64, 128, 64, 4, 4, split_k=2),   # q_a_proj
+    (1536, 7168): Tiles(64, 128, 64, 4, 4, split_k=4),   # q_a_proj
     (12288, 1536): Tiles(128, 128, 64, 8, 3),            # q_b_proj
     (576, 7168): Tiles(64, 128, 64, 4, 4, split_k=4),    # kv_a_proj
     (16384, 512): Tiles(128, 128, 64, 8, 3),             # kv_b_proj
@@ -192,7 +192,7 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 # gate/up with 64 weight rows on two warp groups too: _20.json; a test checks that they agree).
 # Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
-    (1536, 7168): ((1, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(64, 32, 4, 8, persistent=True)), (136, Blocking(64, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
+    (1536, 7168): ((17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
     (12288, 1536): ((8, Blocking(16, 32, 4, 6)), (17, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 6, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 4, tma=True, tail_m=16, swap_ab=True)), (1088, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # q_b_proj
     (576, 7168): ((17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, stream_k=True)), (544, Blocking(64, 64, 4, 4, tma=True)), (1088, Blocking(64, 128, 8, 3)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # kv_a_proj
     (16384, 512): ((1, Blocking(16, 128, 8, 4, tma=True, swap_ab=True)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(16, 64, 4, 4, tma=True, swap_ab=True)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(128, 64, 8, 4, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 128, 8, 3, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
