@@ -62,8 +62,8 @@ count fixes every element's K loop, so it stays one per shape; `--tune`'s pick s
 with one blocking for every M, which no longer runs. The run records each count's points
 ("split_tuned") and the chosen count's blocking search ("blocking_tuned", as `--tune-blocking`
 does), and prints both the TUNED and the BLOCKING_BY_M lines to paste. `--split-counts` names
-other counts (8 for q_a's 24 weight tiles of 64 at M = 136, where 2 chunks leave SMs idle; more
-chunks cost little where stream-K spreads them), and `--passes` shortens each count's search. It
+other counts (q_a's 24 weight tiles of 64 at M = 136 in 2 chunks left SMs idle: of 2, 4 and 8, 4
+won, 1.28x -> 1.09x there: _22.json), and `--passes` shortens each count's search. It
 costs one blocking search per count: 33-79 s per shape in the fifth blocking run (the "seconds" of
 benchmarks/results/batch_invariant_matmul_blocking_tuning_9.json and _10.json).
 

@@ -149,7 +149,8 @@ class Blocking(NamedTuple):
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
 # --tune` on the H200 (it prints these lines to paste), recorded with everything it tried in
-# benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block; a test checks that they agree).
+# benchmarks/results/batch_invariant_matmul_tuning.json (its "tuned" block), split counts re-picked by
+# --tune-split since (a blocking run's "split_tuned": q_a_proj's 4 chunks, _22.json; a test checks that they agree).
 TUNED: dict[tuple[int, int], Tiles] = {
     (1536, 7168): Tiles(64, 128, 64, 4, 4, split_k=4),   # q_a_proj
     (12288, 1536): Tiles(128, 128, 64, 8, 3),            # q_b_proj
@@ -189,18 +190,20 @@ TUNED_FP32: dict[tuple[int, int], Tiles] = {
 # _14.json, and the dense down: _15.json; then its ninth, the swapped pass alone (--passes swap)
 # beside the table, for all ten shapes: _16.json, _17.json, and again with deeper stages and the
 # persistent pass: _18.json, _19.json, then for q_b_proj, kv_b_proj, the dense down and the shared
-# gate/up with 64 weight rows on two warp groups too: _20.json; a test checks that they agree).
+# gate/up with 64 weight rows on two warp groups too: _20.json; then the stream-K pass on the four
+# split shapes: _21.json, q_a's and kv_a's split counts re-picked (q_a now 4 chunks): _22.json,
+# _23.json, and a full run on q_a, kv_b and the shared down: _24.json; a test checks that they agree).
 # Shapes missing here keep TUNED's blocking at every M.
 BLOCKING_BY_M: dict[tuple[int, int], tuple[tuple[int, Blocking], ...]] = {
-    (1536, 7168): ((17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 6, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
+    (1536, 7168): ((17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 8, tma=True, split_in_program=True, gluon=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # q_a_proj
     (12288, 1536): ((8, Blocking(16, 32, 4, 6)), (17, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 6, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 4, tma=True, tail_m=16, swap_ab=True)), (1088, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # q_b_proj
     (576, 7168): ((17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, stream_k=True)), (544, Blocking(64, 64, 4, 4, tma=True)), (1088, Blocking(64, 128, 8, 3)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # kv_a_proj
-    (16384, 512): ((1, Blocking(16, 128, 8, 4, tma=True, swap_ab=True)), (8, Blocking(16, 32, 4, 4)), (17, Blocking(16, 64, 4, 4, tma=True, swap_ab=True)), (64, Blocking(64, 64, 4, 4, tma=True)), (136, Blocking(128, 64, 8, 4, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 128, 8, 3, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
+    (16384, 512): ((1, Blocking(16, 64, 4, 5)), (8, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (17, Blocking(16, 128, 4, 4, tma=True, swap_ab=True)), (64, Blocking(32, 128, 4, 4, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 4, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 128, 8, 4, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # kv_b_proj
     (7168, 8192): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 256, 4, 5, tma=True, persistent=True)), (4096, Blocking(128, 256, 8, 4, tma=True, gluon=True)),),  # o_proj
     (18432, 7168): ((1, Blocking(16, 32, 4, 5)), (8, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (17, Blocking(32, 64, 4, 4, tma=True, swap_ab=True)), (64, Blocking(64, 128, 4, 4, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 8, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 256, 8, 3, tma=True, gluon=True)),),  # dense gate/up
     (7168, 18432): ((1, Blocking(16, 128, 4, 4, tma=True, swap_ab=True)), (8, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (17, Blocking(32, 128, 4, 4, tma=True, swap_ab=True)), (64, Blocking(64, 128, 4, 3, tma=True, swap_ab=True)), (136, Blocking(128, 64, 4, 4, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 4, tma=True, split_in_program=True, gluon=True)),),  # dense down
     (2048, 7168): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)), (1088, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 6, tma=True, split_in_program=True, gluon=True)),),  # shared expert gate/up
-    (7168, 2048): ((8, Blocking(16, 32, 4, 8)), (17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(64, 128, 4, 4, tma=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
+    (7168, 2048): ((1, Blocking(16, 32, 4, 8)), (17, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (64, Blocking(32, 64, 4, 8, tma=True, swap_ab=True)), (136, Blocking(64, 64, 4, 6, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 64, 4, 5, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 128, 8, 3, tma=True)),),  # shared expert down
     (163840, 7168): ((1, Blocking(16, 64, 4, 8, tma=True, swap_ab=True)), (8, Blocking(16, 64, 4, 5, tma=True, swap_ab=True)), (17, Blocking(32, 128, 8, 5, tma=True, swap_ab=True)), (64, Blocking(64, 128, 4, 5, tma=True, persistent=True)), (136, Blocking(128, 128, 4, 3, tma=True, tail_m=16, swap_ab=True)), (544, Blocking(256, 128, 8, 4, tma=True, tail_m=16, swap_ab=True)), (4096, Blocking(128, 256, 8, 3, tma=True, gluon=True)),),  # lm_head
 }
 
