@@ -159,11 +159,14 @@ SWAP_COLUMNS = [(64, 4), (128, 8), (128, 4), (64, 8)]
 SWAP_STAGES = (3, 5, 6, 8)
 SWAP_UP_TO_M = 1088
 # The stream-K pass (Blocking.stream_k, split tilings only): the best so far as a program per SM
-# over equal runs of (tile, chunk) units, and these (BLOCK_M, BLOCK_N, warps, stages, swap_ab)
-# with TMA loads: where a split shape's tiles end in a part-empty wave (the shared gate/up's 2,048
-# columns at M = 544 made 80 tiles of 128 x 128 for 132 SMs; in units of its 4 chunks, 320).
-STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 6, False), (128, 64, 4, 6, True),
-                      (256, 64, 4, 4, True)]
+# over equal runs of (tile, chunk) units, and these (BLOCK_M, BLOCK_N, warps, stages, swap_ab,
+# tail_m) with TMA loads: where a split shape's tiles end in a part-empty wave (the shared gate/up's
+# 2,048 columns at M = 544 made 80 tiles of 128 x 128 for 132 SMs; in units of its 4 chunks, 320).
+# The tailed ones are the swapped pass's M = 136-1,088 tiles, 128 + 16 and 256 + 16 rows (its first
+# stream-K run, H200 at a7bb9bd, _21.json, had no tails: 64-row tiles, 1.15x at kv_a's M = 136).
+STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False, 0), (128, 128, 8, 3, False, 0), (64, 64, 4, 6, False, 0),
+                      (128, 64, 4, 6, True, 0), (256, 64, 4, 4, True, 0), (128, 64, 4, 6, True, 16),
+                      (256, 64, 4, 5, True, 16)]
 PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "stream_k", "gluon")  # in the order run
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
@@ -260,14 +263,14 @@ def swapped_blockings(m: int, widest: int) -> list[Blocking]:
             for rows, tail in fewest for block_n, warps in SWAP_COLUMNS]
 
 
-def stream_k_blockings(best: Blocking, widest: int) -> list[Blocking]:
-    """The stream-K pass: `best` as stream-K (what it cannot keep dropped: its tail tile, persistent
-    flag, in-program split, warp specialization, Gluon kernel), then STREAM_K_BLOCKINGS no wider
-    than M needs (64 rows always)."""
-    own = best._replace(tail_m=0, persistent=False, split_in_program=False, warp_specialize=False, gluon=False,
-                        stream_k=True)
-    return [own] + [Blocking(block_m, block_n, warps, stages, tma=True, swap_ab=swap, stream_k=True)
-                    for block_m, block_n, warps, stages, swap in STREAM_K_BLOCKINGS if block_m <= max(64, widest)]
+def stream_k_blockings(best: Blocking, m: int, widest: int) -> list[Blocking]:
+    """The stream-K pass at M: `best` as stream-K (what it cannot keep dropped: its persistent flag,
+    in-program split, warp specialization, Gluon kernel), then STREAM_K_BLOCKINGS no wider than M
+    needs (64 rows always), the tailed ones where M passes their row tile."""
+    own = best._replace(persistent=False, split_in_program=False, warp_specialize=False, gluon=False, stream_k=True)
+    return [own] + [Blocking(block_m, block_n, warps, stages, tma=True, tail_m=tail, swap_ab=swap, stream_k=True)
+                    for block_m, block_n, warps, stages, swap, tail in STREAM_K_BLOCKINGS
+                    if (block_m < m if tail else block_m <= max(64, widest))]
 
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int] = ROWS,
@@ -333,7 +336,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
                     run("swap", [fastest(lambda b: b.swap_ab)._replace(split_in_program=True)])
         run("persistent", [(fastest() or blocking_of(base))._replace(persistent=True)])
         if base.split_k > 1:
-            run("stream_k", stream_k_blockings(fastest() or blocking_of(base), widest))
+            run("stream_k", stream_k_blockings(fastest() or blocking_of(base), m, widest))
         run("gluon", gluon_blockings(base, widest))
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M

@@ -29,6 +29,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 13  # the same on five shapes with misses at M = 544-1,088, pasted, then the gpu tests
 #   bash benchmarks/gpu_verify.sh OUT 14  # stream-K's gpu tests, then --tune-blocking --passes stream_k: the four split shapes
 #   bash benchmarks/gpu_verify.sh OUT 15  # --tune-split with more chunks, stream-K among the passes: q_a (2, 4, 8), kv_a (4, 8, 16)
+#   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -50,7 +51,7 @@
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
 # and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-15)}
+out=${1:?OUT} part=${2:?PART (1-16)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -137,13 +138,15 @@ case $part in
        --shapes "q_a_proj,kv_a_proj,dense down,shared expert gate/up" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part14.json" > "$out/blocking_14.log" 2>&1
      tail -12 "$out/blocking_14.log" ;;
-  15) for pick in "q_a_proj 2,4,8" "kv_a_proj 4,8,16"; do  # their M = 136 units: 24 x 2 and 9 x 4 for 132 SMs
-       set -- $pick
-       timeout 270 python3 benchmarks/batch_invariant_matmul.py --tune-split --split-counts "$2" \
-         --passes tma,split,swap,stream_k,gluon --shapes "$1" \
-         --out "$out/batch_invariant_matmul_blocking_tuning_part15_$1.json" > "$out/split_15_$1.log" 2>&1
-       grep "points ->\|^ *$1 " "$out/split_15_$1.log"
+  15|16) if [ "$part" = 15 ]; then picks=("q_a_proj|2,4,8" "kv_a_proj|4,8,16"); else picks=("o_proj|1,2" "dense gate/up|1,2"); fi
+     for pick in "${picks[@]}"; do  # M = 136 units: q_a 24 x 2, kv_a 9 x 4; o_proj 112, the dense gate/up 288 tiles
+       shape=${pick%|*} counts=${pick#*|}
+       name=${shape//[ \/]/_}
+       timeout 270 python3 benchmarks/batch_invariant_matmul.py --tune-split --split-counts "$counts" \
+         --passes tma,split,swap,stream_k,gluon --shapes "$shape" \
+         --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/split_${part}_$name.log" 2>&1
+       grep "points ->\|^ *$shape " "$out/split_${part}_$name.log"
      done ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 15, not $part" >&2; exit 2 ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 16, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

@@ -97,7 +97,7 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     changed += [("warp_specialize", variant) for variant in (specialized, specialized._replace(persistent=True))]
     if tiles.split_k > 1:
         changed += [("stream_k", tiles._replace(**blocking._asdict()))
-                    for blocking in stream_k_blockings(blocking_of(tiles), max(ROWS))]
+                    for blocking in stream_k_blockings(blocking_of(tiles), max(ROWS), max(ROWS))]
     changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, max(ROWS))]
     unique = {tiles: "control"}
     for field, variant in changed:

@@ -54,7 +54,9 @@ in 128 x 128 tiles) keep 132 SMs busy as 320 units rather than leave 52 idle. A 
 all fall in one program is summed there; one that a run boundary cuts goes through the workspace,
 its first piece's chunks summed in order into one plane, the other pieces' each in its own, and
 the piece that completes the tile's count adds them in chunk order (_stream_k_kernel): the same
-fp32 operations per element as the workspace tiling's.
+fp32 operations per element as the workspace tiling's. Its tiles may carry a tail row tile
+(136 rows as one swapped 128 + 16 tile), as the other kernel's do. On the H200 its rows were the
+workspace tiling's bits at the four split shapes and every decode M (without tails, a7bb9bd).
 
 A blocking may load its tiles with the TMA (`tma`: Hopper's tensor-memory accelerator, through
 tensor descriptors) instead of masked pointer loads: the same operands (zeros past M, N and K) for
@@ -337,6 +339,26 @@ def _sum_partials(partial_ptr, out_ptr, splits, row0, col0, M, N, stride_ps, str
 
 
 @triton.jit
+def _store_tiles(plane_ptr, acc, acc_tail, row0, col0, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr,
+                 TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A program's row tile at row0 and (TAIL_M > 0) its tail tile after it (_chunk_product's two)."""
+    _store_tile(plane_ptr, acc, row0, col0, M, N, stride_m, stride_n, BLOCK_M, BLOCK_N)
+    if TAIL_M > 0:
+        _store_tile(plane_ptr, acc_tail, row0 + BLOCK_M, col0, M, N, stride_m, stride_n, TAIL_M, BLOCK_N)
+
+
+@triton.jit
+def _sum_tiles(partial_ptr, out_ptr, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
+               stride_on, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_sum_partials for a program's row tile and (TAIL_M > 0) its tail tile."""
+    _sum_partials(partial_ptr, out_ptr, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
+                  stride_on, BLOCK_M, BLOCK_N)
+    if TAIL_M > 0:
+        _sum_partials(partial_ptr, out_ptr, splits, row0 + BLOCK_M, col0, M, N, stride_ps, stride_pm, stride_pn,
+                      stride_om, stride_on, TAIL_M, BLOCK_N)
+
+
+@triton.jit
 def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m, pid_n, axis2, grid_m, grid_n, planes,
                  M, N, K, batches, k_chunk, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                  stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
@@ -372,23 +394,16 @@ def _output_tile(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, pid_m,
     if WORKSPACE:
         partial = partial_ptr + matrix.to(tl.int64) * stride_pb
         plane = partial + split.to(tl.int64) * stride_ps
-        _store_tile(plane, acc, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
-        if TAIL_M > 0:
-            _store_tile(plane, acc_tail, row0 + BLOCK_M, col0, M, N, stride_pm, stride_pn, TAIL_M, BLOCK_N)
+        _store_tiles(plane, acc, acc_tail, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, TAIL_M, BLOCK_N)
         splits = planes // batches
         tile = counter_ptr + (matrix * grid_n + pid_n) * grid_m + pid_m
         tl.debug_barrier()  # every thread's share of the partial stored before the count says it is
         if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _sum_partials(partial, out, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om,
-                          stride_on, BLOCK_M, BLOCK_N)
-            if TAIL_M > 0:
-                _sum_partials(partial, out, splits, row0 + BLOCK_M, col0, M, N, stride_ps, stride_pm, stride_pn,
-                              stride_om, stride_on, TAIL_M, BLOCK_N)
+            _sum_tiles(partial, out, splits, row0, col0, M, N, stride_ps, stride_pm, stride_pn, stride_om, stride_on,
+                       BLOCK_M, TAIL_M, BLOCK_N)
             tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
     else:
-        _store_tile(out, acc, row0, col0, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
-        if TAIL_M > 0:
-            _store_tile(out, acc_tail, row0 + BLOCK_M, col0, M, N, stride_om, stride_on, TAIL_M, BLOCK_N)
+        _store_tiles(out, acc, acc_tail, row0, col0, M, N, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M", "grid_m"])
@@ -435,8 +450,8 @@ def _prefix_end(first, splits, units, programs):
 def _stream_k_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M, N, K, batches, k_chunk,
                      grid_m, grid_n, splits, stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
                      stride_ps, stride_pb, stride_pm, stride_pn, stride_ob, stride_om, stride_on,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
-                     TMA: tl.constexpr, SWAP_AB: tl.constexpr):
+                     BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     FP32_DOT: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr):
     """out[b] = x[b] @ w[b]^T over units (tile, chunk), tile-major (M fastest, as everywhere), each
     program taking the run [pid * units // programs, (pid + 1) * units // programs): the same
     units per program to within one, so no last wave runs half empty. Each chunk is accumulated
@@ -446,44 +461,52 @@ def _stream_k_kernel(x_ptr, xt_ptr, w_ptr, partial_ptr, out_ptr, counter_ptr, M,
     piece stores each chunk's sum in its own plane; each piece then counts its chunks on the
     tile's counter (acquire-release), and the piece that completes the count adds the prefix and
     the later planes in order (_sum_partials) and zeroes the counter. The same fp32 operations per
-    element as the workspace tiling's, whichever piece is last."""
+    element as the workspace tiling's, whichever piece is last. A tile is BLOCK_M rows and (TAIL_M >
+    0) the TAIL_M after them, both dots on each weight tile loaded once, as in _output_tile."""
+    TAIL: tl.constexpr = TAIL_M if TAIL_M > 0 else 16
     units = grid_m * grid_n * batches * splits
     programs = tl.num_programs(0)
     start = (tl.program_id(0) * units) // programs
     end = ((tl.program_id(0) + 1) * units) // programs
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    total_tail = tl.zeros([TAIL, BLOCK_N], dtype=tl.float32)
     for u in tl.range(start, end):
         tile, c = u // splits, u % splits
         first = tile * splits
         pid_m, pid_n, matrix = tile % grid_m, (tile // grid_m) % grid_n, tile // (grid_m * grid_n)
-        row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
-        acc, _ = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, c * k_chunk, k_chunk,
-                                stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
-                                BLOCK_M, 0, BLOCK_N, BLOCK_K, FP32_DOT, TMA, False, SWAP_AB)
+        row0, col0 = pid_m * (BLOCK_M + TAIL_M), pid_n * BLOCK_N
+        acc, acc_tail = _chunk_product(x_ptr, xt_ptr, w_ptr, matrix, row0, col0, M, N, K, c * k_chunk, k_chunk,
+                                       stride_xb, stride_xm, stride_xk, stride_wb, stride_wn, stride_wk,
+                                       BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, FP32_DOT, TMA, False, SWAP_AB)
         if c == 0:
             total = acc
+            if TAIL_M > 0:
+                total_tail = acc_tail
         else:
             total = total + acc
+            if TAIL_M > 0:
+                total_tail = total_tail + acc_tail
         out = out_ptr + matrix.to(tl.int64) * stride_ob
         partial = partial_ptr + matrix.to(tl.int64) * stride_pb
         holds_first = first >= start
         piece_ends = (c == splits - 1) | (u == end - 1)
         if holds_first and c == splits - 1:  # the whole tile in this program
-            _store_tile(out, total, row0, col0, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+            _store_tiles(out, total, total_tail, row0, col0, M, N, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N)
         else:
             plane = partial + c.to(tl.int64) * stride_ps
             if not holds_first:
-                _store_tile(plane, acc, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+                _store_tiles(plane, acc, acc_tail, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, TAIL_M, BLOCK_N)
             elif piece_ends:
-                _store_tile(plane, total, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+                _store_tiles(plane, total, total_tail, row0, col0, M, N, stride_pm, stride_pn, BLOCK_M, TAIL_M,
+                             BLOCK_N)
             if piece_ends:
                 counted = tl.where(holds_first, c + 1, u - start + 1)
                 counter = counter_ptr + tile
                 tl.debug_barrier()  # every thread's share stored before the count says it is
                 if tl.atomic_add(counter, counted, sem="acq_rel", scope="gpu") == splits - counted:
                     prefix = _prefix_end(first, splits, units, programs)
-                    _sum_partials(partial + (prefix - 1).to(tl.int64) * stride_ps, out, splits - prefix + 1, row0,
-                                  col0, M, N, stride_ps, stride_pm, stride_pn, stride_om, stride_on, BLOCK_M, BLOCK_N)
+                    _sum_tiles(partial + (prefix - 1).to(tl.int64) * stride_ps, out, splits - prefix + 1, row0, col0,
+                               M, N, stride_ps, stride_pm, stride_pn, stride_om, stride_on, BLOCK_M, TAIL_M, BLOCK_N)
                     tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next product
 
 
@@ -515,10 +538,10 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
                     or t.block_m not in (64, 128, 256) or t.num_warps != t.block_m // 16):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is 64-, 128- or 256-row TMA tiles at BLOCK_M / 16 "
                          f"warps, no tail, persistent grid, warp_specialize or swap_ab, not {t}")
-    if t.stream_k and (t.tail_m or t.persistent or t.split_in_program or t.warp_specialize or t.gluon):
+    if t.stream_k and (t.persistent or t.split_in_program or t.warp_specialize or t.gluon):
         raise ValueError(f"batch_invariant_matmul: a stream_k blocking runs its own grid of a program per SM over "
-                         f"(tile, chunk) units: no tail tile, persistent flag, in-program split, warp_specialize or "
-                         f"gluon, not {t}")
+                         f"(tile, chunk) units: no persistent flag, in-program split, warp_specialize or gluon, "
+                         f"not {t}")
     if t.warp_specialize and (not t.tma or t.tail_m or workspace or t.swap_ab):
         raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile, no workspace and no "
                          "swap_ab (triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
@@ -567,8 +590,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
         _stream_k_kernel[(min(units, _programs_per_device(x.device)),)](
             x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *programs, splits, *x.stride(),
             *w.stride(), *partial_strides, *out.stride(),
-            **{name: options[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "FP32_DOT", "TMA", "SWAP_AB",
-                                                "num_warps", "num_stages")})
+            **{name: options[name] for name in ("BLOCK_M", "TAIL_M", "BLOCK_N", "BLOCK_K", "FP32_DOT", "TMA",
+                                                "SWAP_AB", "num_warps", "num_stages")})
         return
     grid = (min(programs[0] * programs[1] * planes, _programs_per_device(x.device)),) if t.persistent else (*programs, planes)
     _matmul_kernel[grid](x_arg, xt_arg, w_arg, partials, out, counters, m, n, k, batch, chunk, *programs, planes,

@@ -295,7 +295,8 @@ def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tile
     cut tiles anywhere (9 tiles x 5 chunks over 2, 4 or 7 programs; 1,000: one unit each, the
     workspace tiling's own layout): each piece folds or stores its chunks and the one completing a
     tile's count adds the prefix and the later planes in order. The workspace tiling's bits, per
-    head too, swapped and through the TMA, and every tile counter back at zero."""
+    head too, swapped, through the TMA and with a tail row tile (48-row tiles of 32 + 16: other
+    tiles, other cuts), and every tile counter back at zero."""
     monkeypatch.setattr(gemm, "_programs_per_device", lambda device: programs)
     gen = torch.Generator().manual_seed(programs + split_k)
     tiles = split_tiles(split_k)
@@ -304,15 +305,18 @@ def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tile
     reference = batch_invariant_linear(x, w, tiles)
     assert torch.equal(batch_invariant_linear(x, w, streamed), reference)
     assert torch.equal(batch_invariant_linear(x, w, streamed._replace(tma=True)), reference)
-    assert torch.equal(batch_invariant_linear(x, w, streamed._replace(swap_ab=True)),
-                       batch_invariant_linear(x, w, tiles._replace(swap_ab=True)))
+    swapped = batch_invariant_linear(x, w, tiles._replace(swap_ab=True))
+    assert torch.equal(batch_invariant_linear(x, w, streamed._replace(swap_ab=True)), swapped)
+    tailed = tiles._replace(tail_m=16)  # its own reference: the interpreter's 16-row dots may round otherwise
+    assert torch.equal(batch_invariant_linear(x, w, tailed._replace(stream_k=True)), batch_invariant_linear(x, w, tailed))
+    assert torch.equal(batch_invariant_linear(x, w, tailed._replace(stream_k=True, tma=True, swap_ab=True)),
+                       batch_invariant_linear(x, w, tailed._replace(swap_ab=True)))
     heads = random((37, 3, 200), torch.float32, gen), random((3, 40, 200), torch.float32, gen, 200 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, streamed), batch_invariant_per_head(*heads, tiles))
     assert not any(counters.any() for counters in gemm._COUNTERS.get(x.device, []))
 
 
-@pytest.mark.parametrize("tiles", [split_tiles(2)._replace(stream_k=True, tail_m=16),
-                                   split_tiles(2)._replace(stream_k=True, persistent=True),
+@pytest.mark.parametrize("tiles", [split_tiles(2)._replace(stream_k=True, persistent=True),
                                    split_tiles(2)._replace(stream_k=True, split_in_program=True),
                                    split_tiles(2)._replace(stream_k=True, tma=True, warp_specialize=True),
                                    Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, stream_k=True, gluon=True)])
@@ -528,10 +532,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton_kernels.batch_invariant_matmul import _stream_k_kernel as kernel
-tma, swap, warps = sys.argv[1] == "tma", sys.argv[2] == "swap", int(sys.argv[3])
-constants = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None, TMA=tma, SWAP_AB=swap,
+tma, swap, warps, tail = sys.argv[1] == "tma", sys.argv[2] == "swap", int(sys.argv[3]), int(sys.argv[4])
+constants = dict(BLOCK_M=64, TAIL_M=tail, BLOCK_N=128, BLOCK_K=64, FP32_DOT=None, TMA=tma, SWAP_AB=swap,
                  **dict.fromkeys(["stride_xk", "stride_wk", "stride_pn", "stride_on"], 1))
-operands = {"x_ptr": 64, "xt_ptr": 64, "w_ptr": 128}  # the rows of each operand's TMA tile
+operands = {"x_ptr": 64, "xt_ptr": tail or 64, "w_ptr": 128}  # the rows of each operand's TMA tile
 outputs = {"partial_ptr": "*fp32", "out_ptr": "*bf16", "counter_ptr": "*i32"}
 
 
@@ -553,15 +557,17 @@ print(ttgir.count("ttng.warp_group_dot "), ttgir.count("tt.atomic_rmw"))
 """
 
 
-@pytest.mark.parametrize("loads, swap, warps", [("tma", "-", 4), ("pointers", "-", 8), ("tma", "swap", 4)])
-def test_the_stream_k_kernel_compiles_for_hopper_without_a_gpu(loads, swap, warps):
+@pytest.mark.parametrize("loads, swap, warps, tail", [("tma", "-", 4, 0), ("pointers", "-", 8, 0), ("tma", "swap", 4, 0),
+                                                      ("tma", "swap", 4, 16)])
+def test_the_stream_k_kernel_compiles_for_hopper_without_a_gpu(loads, swap, warps, tail):
     """The stream-K kernel (its run of units, the pieces' stores, the counter's acquire-release add
-    and reset) compiled for sm_90: one warpgroup MMA in its K loop, the two atomics."""
+    and reset) compiled for sm_90: one warpgroup MMA in its K loop, two with a swapped tail tile
+    (16 rows on the MMA's N side), the two atomics."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_STREAM_K_FOR_HOPPER, loads, swap, str(warps)],
+    done = subprocess.run([sys.executable, "-c", COMPILE_STREAM_K_FOR_HOPPER, loads, swap, str(warps), str(tail)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["1", "2"]
+    assert done.stdout.split() == ["2" if tail else "1", "2"]
 
 
 # Kimi K2's projections (hidden 7168): q_a, q_b, kv_a, kv_b, o, the dense MLP both ways, an expert's
@@ -700,7 +706,7 @@ def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, ti
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
     full = batch_invariant_linear(x, w, tiles)
     ran = []
-    for blocking in stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS)):
+    for blocking in stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS), max(DECODE_ROWS)):
         streamed = tiles._replace(**blocking._asdict())
         try:
             batch_invariant_linear(x[:1], w, streamed)
@@ -709,7 +715,7 @@ def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, ti
         ran.append(blocking)
         for m in DECODE_ROWS:
             assert torch.equal(batch_invariant_linear(x[:m], w, streamed), full[:m]), (blocking, m)
-    assert ran[0] == stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS))[0] and len(ran) > 1, ran
+    assert ran[0] == stream_k_blockings(blocking_of(tiles), max(DECODE_ROWS), max(DECODE_ROWS))[0] and len(ran) > 1, ran
     assert not any(counters.any() for counters in gemm._COUNTERS[x.device])
 
 

@@ -136,7 +136,7 @@ def test_the_invariance_probe_covers_swapped_dots_stream_k_and_the_gluon_kernels
         gluon = {blocking_of(tiles) for field, tiles in probed if field == "gluon"}
         assert gluon == set(tuner.gluon_blockings(base, max(tuner.ROWS)))
         streamed = {blocking_of(tiles) for field, tiles in probed if field == "stream_k"}
-        assert streamed == (set(tuner.stream_k_blockings(blocking_of(base), max(tuner.ROWS))) if base.split_k > 1 else set())
+        assert streamed == (set(tuner.stream_k_blockings(blocking_of(base), max(tuner.ROWS), max(tuner.ROWS))) if base.split_k > 1 else set())
 
 
 def test_the_tail_pass_tries_a_second_row_tile_only_where_it_saves_padded_rows(monkeypatch, inputs):
@@ -272,8 +272,9 @@ def test_the_swapped_pass_tries_the_least_padded_row_tiles_to_1088_then_its_best
 
 
 def test_the_stream_k_pass_runs_for_split_tilings_only_and_wins_where_fastest(monkeypatch, inputs):
-    """The best so far as stream-K (its tail and persistent flag dropped), then STREAM_K_BLOCKINGS
-    no wider than M needs, after the persistent pass and before the Gluon one."""
+    """The best so far as stream-K (its persistent flag and in-program split dropped, its tail
+    kept), then STREAM_K_BLOCKINGS no wider than M needs, the tailed ones where M passes their row
+    tile, after the persistent pass and before the Gluon one."""
     _, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, cost=lambda b, m: 1.0)
     assert not any(e["blocking"]["stream_k"] for e in tried)
     split = BASE._replace(split_k=4)
@@ -281,9 +282,11 @@ def test_the_stream_k_pass_runs_for_split_tilings_only_and_wins_where_fastest(mo
                          cost=lambda b, m: 0.5 if b.stream_k and b.block_m == 128 and m >= 544 else 1.0)
     for m in tuner.ROWS:
         streamed = [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["stream_k"]]
-        assert streamed and all(not (b.tail_m or b.persistent or b.split_in_program or b.gluon) for b in streamed)
+        assert streamed and all(not (b.persistent or b.split_in_program or b.gluon) for b in streamed)
         widest = 1 << (m - 1).bit_length()
-        assert {b.block_m for b in streamed[1:]} == {t[0] for t in tuner.STREAM_K_BLOCKINGS if t[0] <= max(64, widest)}
+        assert {(b.block_m, b.tail_m) for b in streamed[1:]} == {
+            (t[0], t[5]) for t in tuner.STREAM_K_BLOCKINGS if (t[0] < m if t[5] else t[0] <= max(64, widest))}
+        assert (m > 128) == ((128, 16) in {(b.block_m, b.tail_m) for b in streamed[1:]})
     picked = with_blocking(split, ranges, 1088)
     assert picked.stream_k and picked.block_m == 128 and not with_blocking(split, ranges, 136).stream_k
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
