@@ -162,11 +162,16 @@ SWAP_UP_TO_M = 1088
 # over equal runs of (tile, chunk) units, and these (BLOCK_M, BLOCK_N, warps, stages, swap_ab,
 # tail_m) with TMA loads: where a split shape's tiles end in a part-empty wave (the shared gate/up's
 # 2,048 columns at M = 544 made 80 tiles of 128 x 128 for 132 SMs; in units of its 4 chunks, 320).
-# The tailed ones are the swapped pass's M = 136-1,088 tiles, 128 + 16 and 256 + 16 rows (its first
-# stream-K run, H200 at a7bb9bd, _21.json, had no tails: 64-row tiles, 1.15x at kv_a's M = 136).
+# The tailed ones are the swapped pass's M = 136-1,088 row tiles, 128 + 16 and 256 + 16 (the first
+# stream-K run, H200 at a7bb9bd, _21.json, had no tails: 64-row tiles, 1.15x at kv_a's M = 136),
+# over 64 weight rows and over 128 and 256: where the runs keep every SM busy whatever the tile
+# count, a wider weight tile reads the rows from L2 fewer times (o_proj at M = 136 in 80 x 64 tiles,
+# the tenth run's pick: 224 programs each reading 80 rows of x, 528 MB from L2 in 48 us, against
+# 250 MB in 128 weight-row tiles; an estimate from the tile counts, which the pass measures).
 STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False, 0), (128, 128, 8, 3, False, 0), (64, 64, 4, 6, False, 0),
                       (128, 64, 4, 6, True, 0), (256, 64, 4, 4, True, 0), (128, 64, 4, 6, True, 16),
-                      (256, 64, 4, 5, True, 16)]
+                      (256, 64, 4, 5, True, 16), (128, 128, 8, 4, True, 16), (128, 256, 8, 3, True, 16),
+                      (256, 128, 8, 4, True, 16)]
 PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "stream_k", "gluon")  # in the order run
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 

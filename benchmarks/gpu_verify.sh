@@ -29,7 +29,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 13  # the same on five shapes with misses at M = 544-1,088, pasted, then the gpu tests
 #   bash benchmarks/gpu_verify.sh OUT 14  # stream-K's gpu tests, then --tune-blocking --passes stream_k: the four split shapes
 #   bash benchmarks/gpu_verify.sh OUT 15  # --tune-split with more chunks, stream-K among the passes: q_a (2, 4, 8), kv_a (4, 8, 16)
-#   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
+#   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2, 4 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -138,12 +138,13 @@ case $part in
        --shapes "q_a_proj,kv_a_proj,dense down,shared expert gate/up" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part14.json" > "$out/blocking_14.log" 2>&1
      tail -12 "$out/blocking_14.log" ;;
-  15|16) if [ "$part" = 15 ]; then picks=("q_a_proj|2,4,8" "kv_a_proj|4,8,16"); else picks=("o_proj|1,2" "dense gate/up|1,2"); fi
+  15|16) if [ "$part" = 15 ]; then picks=("q_a_proj|2,4,8" "kv_a_proj|4,8,16") passes=tma,split,swap,stream_k,gluon
+     else picks=("o_proj|1,2,4" "dense gate/up|1,2,4") passes=split,swap,stream_k,gluon; fi
      for pick in "${picks[@]}"; do  # M = 136 units: q_a 24 x 2, kv_a 9 x 4; o_proj 112, the dense gate/up 288 tiles
        shape=${pick%|*} counts=${pick#*|}
        name=${shape//[ \/]/_}
        timeout 270 python3 benchmarks/batch_invariant_matmul.py --tune-split --split-counts "$counts" \
-         --passes tma,split,swap,stream_k,gluon --shapes "$shape" \
+         --passes "$passes" --shapes "$shape" \
          --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/split_${part}_$name.log" 2>&1
        grep "points ->\|^ *$shape " "$out/split_${part}_$name.log"
      done ;;
