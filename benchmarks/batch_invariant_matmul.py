@@ -144,6 +144,12 @@ DEEP_STAGES = (5, 6, 8)  # the pass before the last: more stages at the best's w
 # never the fastest config, 1.49-2.23x cuBLAS at M = 136 (H200, commit e0760c6:
 # benchmarks/results/batch_invariant_matmul_hopper_256_rows.json).
 GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 256, 4), (64, 128, 6)]
+# Its swapped tiles (BLOCK_M rows + tail_m, BLOCK_N weight rows, stages), at BLOCK_N / 16 warps, up
+# to SWAP_UP_TO_M: the Triton swapped pass's picks at M = 136-1,088 (128 + 16 and 256 + 16 rows
+# over 64 or 128 weight rows, 4-6 stages), with a producer warp and a warp group per 64 weight
+# rows. Not tried: 256 + 16 rows over 256 weight rows on four groups, whose accumulators ptxas
+# cannot fit in the registers (it asks for 154 a thread, compiled for sm_90 here).
+GLUON_SWAPPED_TILES = [(128, 16, 64, 6), (128, 16, 128, 4), (256, 16, 64, 5), (256, 16, 128, 4)]
 # The swapped pass (Blocking.swap_ab): the rows on the MMA's N side, whose width steps by 8 where
 # the M side's steps by 64 rows a warp group (a 16-row tile there runs the older mma.sync), so
 # 136 rows run as 128 + 16 at the cost of 144, 544 and 1,088 as 2 and 4 tiles of 256 + 16, none
@@ -249,12 +255,16 @@ def incumbent(base: Tiles, shape: tuple[int, int], m: int) -> list[Blocking]:
     return [] if blocking.split_in_program and base.split_k == 1 else [blocking]
 
 
-def gluon_blockings(base: Tiles, widest: int) -> list[Blocking]:
-    """The Gluon kernel's blockings (GLUON_TILES), no more rows than M needs (64 always); for a
-    split tiling each with its chunks through the workspace and, where two fp32 accumulators fit
-    the consumers' registers (BLOCK_M x BLOCK_N <= 128 x 128), summed in the program."""
+def gluon_blockings(base: Tiles, m: int, widest: int) -> list[Blocking]:
+    """The Gluon kernel's blockings at M (GLUON_TILES), no more rows than M needs (64 always), and
+    up to SWAP_UP_TO_M its swapped ones whose row tile M passes (GLUON_SWAPPED_TILES); for a split
+    tiling each with its chunks through the workspace and, where two fp32 accumulators fit the
+    consumers' registers (BLOCK_M x BLOCK_N <= 128 x 128), summed in the program."""
     tiles = [Blocking(block_m, block_n, block_m // 16, stages, tma=True, gluon=True)
              for block_m, block_n, stages in GLUON_TILES if block_m <= max(64, widest)]
+    if m <= SWAP_UP_TO_M:
+        tiles += [Blocking(block_m, block_n, block_n // 16, stages, tma=True, tail_m=tail, gluon=True, swap_ab=True)
+                  for block_m, tail, block_n, stages in GLUON_SWAPPED_TILES if block_m < m]
     if base.split_k == 1:
         return tiles
     return tiles + [b._replace(split_in_program=True) for b in tiles if b.block_m * b.block_n <= 128 * 128]
@@ -342,7 +352,7 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
         run("persistent", [(fastest() or blocking_of(base))._replace(persistent=True)])
         if base.split_k > 1:
             run("stream_k", stream_k_blockings(fastest() or blocking_of(base), m, widest))
-        run("gluon", gluon_blockings(base, widest))
+        run("gluon", gluon_blockings(base, m, widest))
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "

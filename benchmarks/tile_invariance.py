@@ -40,8 +40,8 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.batch_invariant_matmul import (COLUMN_BLOCKINGS, LAUNCHES, ROW_BLOCKINGS, ROWS, SHAPES,  # noqa: E402
-                                                SWAP_COLUMNS, SWAP_ROWS, TAILED_ROWS, gluon_blockings, inputs,
-                                                stream_k_blockings)
+                                                SWAP_COLUMNS, SWAP_ROWS, SWAP_UP_TO_M, TAILED_ROWS, gluon_blockings,
+                                                inputs, stream_k_blockings)
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from triton_kernels.batch_invariant_matmul import Tiles, _launch, base_tiles, blocking_of  # noqa: E402
 
@@ -98,7 +98,7 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     if tiles.split_k > 1:
         changed += [("stream_k", tiles._replace(**blocking._asdict()))
                     for blocking in stream_k_blockings(blocking_of(tiles), max(ROWS), max(ROWS))]
-    changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, max(ROWS))]
+    changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, SWAP_UP_TO_M, max(ROWS))]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

@@ -14,6 +14,10 @@ to compile it for two. Gluon states it directly:
   as in cuBLAS's tiles, 16 for 256) waits for each stage in turn, issues its MMA on the fp32
   accumulator, keeps one MMA in flight and frees the stage the one before read;
 - the epilogue (all the kernel's warps again) casts and stores once at the end.
+Swapped (`HopperTiles.swap_ab`, as the Triton kernel's swapped dots, whose picks hold most of
+M = 136-1,088): each MMA computes w x^T, the weight's rows on its M side (a warp group per 64) and
+the batch's on its N side, with a tail tile (128 + 16 rows for 136, 256 + 16 for 544 and 1,088)
+as a second MMA on the same weight stage.
 
 Arithmetic: an output element is fp32 FMAs over its K chunk in BLOCK_K steps from zero, one
 warpgroup MMA chain per step, which is what the Triton kernel's tilings do whatever their BLOCK_M,
@@ -47,24 +51,37 @@ SMEM_BYTES = 232448  # shared memory per block on sm_90
 class HopperTiles(NamedTuple):
     """A blocking of the Gluon kernel: rows and columns per program, the K step (the Triton
     tiling's BLOCK_K: it fixes each element's sums) and the ring's stages. Each 64 rows run on a
-    consumer warp group of their own (BLOCK_M / 16 warps)."""
+    consumer warp group of their own (BLOCK_M / 16 warps). Swapped (`swap_ab`, as the Triton
+    kernel's Blocking.swap_ab): each 64 of the BLOCK_N weight rows on a warp group, on the MMA's M
+    side, and the batch's rows on its N side, where 16 to 256 rows are one MMA; `tail_m` more rows
+    after them (swapped only) run a second MMA on each weight tile loaded once, so 136 rows are
+    one 128 + 16 tile."""
     block_m: int
     block_n: int
     block_k: int
     num_stages: int
+    tail_m: int = 0
+    swap_ab: bool = False
+
+
+def consumer_warps(tiles: HopperTiles) -> int:
+    """A warp group per 64 rows of the MMA's M side: the batch's rows, or swapped the weight's."""
+    return (tiles.block_n if tiles.swap_ab else tiles.block_m) // 16
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
     """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address
     (none empty: a descriptor needs every size positive), tile shapes the warpgroup MMA allows, and
     a ring that fits in shared memory."""
-    stage_bytes = (tiles.block_m + tiles.block_n) * tiles.block_k * x.element_size()
+    stage_bytes = (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * x.element_size()
+    mma_shapes = (tiles.block_n in (64, 128, 256)
+                  and (tiles.block_m in (16, 32, 64, 128, 256) and tiles.tail_m in (0, 16, 32, 64) if tiles.swap_ab
+                       else tiles.block_m in (64, 128, 256) and tiles.tail_m == 0))
     return (x.is_cuda and _is_hopper(x.device) and x.dim() == weight.dim() == 2 and x.numel() > 0
             and weight.numel() > 0 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
-            and tiles.block_m in (64, 128, 256) and tiles.block_n in (64, 128, 256)
-            and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
+            and mma_shapes and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,108 +90,177 @@ def _is_hopper(device: torch.device) -> bool:
 
 
 @gluon.jit
-def _load_stages(x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, k_start, steps,
-                 BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer: step i's x and w tiles (columns k_start + i * BLOCK_K on) into stage i %
-    NUM_STAGES once its last reader freed it (a fresh barrier passes the first round's wait).
-    Past K the TMA fills zeros, as the Triton kernel's last chunk loads them."""
+def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, row0, col0, k_start, steps,
+                 BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer: step i's x, tail (TAIL_M > 0) and w tiles (columns k_start + i * BLOCK_K on)
+    into stage i % NUM_STAGES once its last reader freed it (a fresh barrier passes the first
+    round's wait). Past M, N or K the TMA fills zeros, as the Triton kernel's masked loads do."""
+    if TAIL_M > 0:
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + xt_desc.block_type.nbytes + w_desc.block_type.nbytes
+    else:
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
     for i in range(steps):
         stage = i % NUM_STAGES
         mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        mbarrier.expect(ready.index(stage), nbytes)
         k = k_start + i * BLOCK_K
         tma.async_copy_global_to_shared(x_desc, [row0, k], ready.index(stage), x_smem.index(stage))
+        if TAIL_M > 0:
+            tma.async_copy_global_to_shared(xt_desc, [row0 + BLOCK_M, k], ready.index(stage), xt_smem.index(stage))
         tma.async_copy_global_to_shared(w_desc, [col0, k], ready.index(stage), w_smem.index(stage))
 
 
 @gluon.jit
-def _multiply_chunk(x_smem, w_smem, ready, free, first, steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Steps first .. first + steps - 1 on an fp32 accumulator from zero, one MMA per step in step
-    order, the step before's stage freed once its MMA is done; returned once all are done."""
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: gl.constexpr,
+                    tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
+    """Steps first .. first + steps - 1 on fp32 accumulators from zero, one MMA per step and tile
+    in step order (swapped: w x^T, [BLOCK_N, rows]), the step before's stage freed once its MMAs
+    are done; returned once all are done, as (tile, tail) (no tail: the tile twice)."""
+    if SWAP_AB:
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout)
+    else:
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+    if TAIL_M > 0:
+        acc_tail = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_layout)
     for i in range(first, first + steps):
         stage = i % NUM_STAGES
         mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
-        acc = warpgroup_mma(x_smem.index(stage), w_smem.index(stage).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
+        if SWAP_AB:
+            acc = warpgroup_mma(w_smem.index(stage), x_smem.index(stage).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(x_smem.index(stage), w_smem.index(stage).permute((1, 0)), acc, is_async=True)
+        if TAIL_M > 0:
+            acc_tail = warpgroup_mma(w_smem.index(stage), xt_smem.index(stage).permute((1, 0)), acc_tail,
+                                     is_async=True)
+            acc, acc_tail = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_tail))  # step i - 1's are done
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
         mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
-    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if TAIL_M > 0:
+        acc, acc_tail = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_tail))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc_tail = acc
+    return acc, acc_tail
 
 
 @gluon.jit
-def _multiply_stages(x_smem, w_smem, ready, free, chunk_steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr):
+def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, chunk_steps, layout: gl.constexpr,
+                     tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr):
     """The consumers: CHUNKS chunks of chunk_steps steps, each accumulated from zero, their sums
-    added in chunk order (the Triton kernel's `acc += more`): the fp32 result, before any cast (a
-    tuple: warp_specialize returns the default partition's results as one)."""
-    total = _multiply_chunk(x_smem, w_smem, ready, free, 0, chunk_steps, layout, BLOCK_M, BLOCK_N, NUM_STAGES)
+    added in chunk order (the Triton kernel's `acc += more`): the fp32 tile and tail, before any
+    cast (warp_specialize returns the default partition's results as one tuple)."""
+    total, tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
+                                  TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
     for c in gl.static_range(1, CHUNKS):
-        total = total + _multiply_chunk(x_smem, w_smem, ready, free, c * chunk_steps, chunk_steps, layout, BLOCK_M,
-                                        BLOCK_N, NUM_STAGES)
-    return (total,)
+        more, more_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, c * chunk_steps, chunk_steps, layout,
+                                          tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+        total = total + more
+        if TAIL_M > 0:
+            tail = tail + more_tail
+    return total, tail
 
 
 @gluon.jit
-def _matmul_kernel(x_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk, splits,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr):
-    """out = x @ w^T, one (BLOCK_M, BLOCK_N) tile per program, M fastest along axis 0 (programs
-    launched together share a weight tile in L2, as in the Triton kernel). K comes in chunks of
-    k_chunk columns (a BLOCK_K multiple): CHUNKS of them in each program, or (WORKSPACE) one per
-    program along axis 2, its fp32 partial stored in partial_ptr's plane (rows of N floats, planes
-    stride_ps apart); the program whose partial arrives last at its tile (counter_ptr: one int32
-    per tile, zero between products) adds the planes in order 0 .. splits - 1, casts, stores and
-    zeroes the counter, as the Triton kernel's workspace tilings do."""
+def _tile_index(row0, col0, M, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
+                SWAP_AB: gl.constexpr):
+    """An accumulator's rows and columns (int64 rows, broadcastable against the columns: rows down
+    its first axis, swapped across its second) and which of them lie inside the [M, N] output."""
+    if SWAP_AB:
+        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout)), 0)
+        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)), 1)
+    else:
+        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
+        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)), 0)
+    return rows.to(gl.int64), cols, (rows < M) & (cols < N)
+
+
+@gluon.jit
+def _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, splits):
+    """out's tile = plane 0 + plane 1 + ... + plane splits - 1 in that order, in fp32, then one cast;
+    loaded from L2 (.cg): the other planes were stored from other SMs."""
+    planes = partial_ptr + rows * N + cols
+    total = gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
+    for _ in range(1, splits):
+        planes += stride_ps
+        total += gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
+    gl.store(out_ptr + rows * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@gluon.jit
+def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk,
+                   splits, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr, SWAP_AB: gl.constexpr):
+    """out = x @ w^T, one (BLOCK_M + TAIL_M, BLOCK_N) tile per program, M fastest along axis 0
+    (programs launched together share a weight tile in L2, as in the Triton kernel). K comes in
+    chunks of k_chunk columns (a BLOCK_K multiple): CHUNKS of them in each program, or (WORKSPACE)
+    one per program along axis 2, its fp32 partial stored in partial_ptr's plane (rows of N floats,
+    planes stride_ps apart); the program whose partial arrives last at its tile (counter_ptr: one
+    int32 per tile, zero between products) adds the planes in order 0 .. splits - 1, casts, stores
+    and zeroes the counter, as the Triton kernel's workspace tilings do. xt_desc: the tail's rows
+    (x_desc where TAIL_M = 0)."""
     pid_m, pid_n = gl.program_id(0), gl.program_id(1)
-    row0, col0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+    row0, col0 = pid_m * (BLOCK_M + TAIL_M), pid_n * BLOCK_N
     chunk_steps = k_chunk // BLOCK_K
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    if TAIL_M > 0:
+        xt_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, TAIL_M, BLOCK_K], xt_desc.layout)
+    else:
+        xt_smem = x_smem
     w_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; the TMA's bytes complete it
-        mbarrier.init(free.index(i), count=1)  # the consumers, once their MMA on it is done
+        mbarrier.init(free.index(i), count=1)  # the consumers, once their MMAs on it are done
     fence_async_shared()
+    n_side: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N  # the MMA's N: the rows swapped, else the columns
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                     instr_shape=[16, BLOCK_N, 16])
+                                                     instr_shape=[16, n_side, 16])
+    tail_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                          instr_shape=[16, TAIL_M if TAIL_M > 0 else 16, 16])
     k_start = gl.program_id(2) * k_chunk  # axis 2 is one program wide unless WORKSPACE
-    acc, = gl.warp_specialize([
-        (_multiply_stages, (x_smem, w_smem, ready, free, chunk_steps, layout, BLOCK_M, BLOCK_N, NUM_STAGES, CHUNKS)),
-        (_load_stages, (x_desc, w_desc, x_smem, w_smem, ready, free, row0, col0, k_start, CHUNKS * chunk_steps,
-                        BLOCK_K, NUM_STAGES)),
+    acc, acc_tail = gl.warp_specialize([
+        (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M,
+                            BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)),
+        (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, row0, col0, k_start,
+                        CHUNKS * chunk_steps, BLOCK_M, TAIL_M, BLOCK_K, NUM_STAGES)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    inside = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-    out = out_ptr + gl.expand_dims(rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
+    if TAIL_M > 0:
+        tail_rows, tail_cols, tail_inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
     if WORKSPACE:
-        tile_offsets = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
         plane = partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps
-        gl.store(plane + tile_offsets, acc, mask=inside)
+        gl.store(plane + rows * N + cols, acc, mask=inside)
+        if TAIL_M > 0:
+            gl.store(plane + tail_rows * N + tail_cols, acc_tail, mask=tail_inside)
         tile = counter_ptr + pid_n * gl.num_programs(0) + pid_m
         gl.thread_barrier()  # every thread's share of the partial stored before the count says it is
         if gl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            planes = partial_ptr + tile_offsets  # loaded from L2 (.cg): the other planes were stored from other SMs
-            total = gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
-            for _ in range(1, splits):
-                planes += stride_ps
-                total += gl.load(planes, mask=inside, other=0.0, cache_modifier=".cg")
-            gl.store(out, total.to(out_ptr.dtype.element_ty), mask=inside)
+            _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, splits)
+            if TAIL_M > 0:
+                _sum_planes(partial_ptr, out_ptr, tail_rows, tail_cols, tail_inside, N, stride_om, stride_ps, splits)
             gl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
     else:
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        gl.store(out_ptr + rows * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        if TAIL_M > 0:
+            gl.store(out_ptr + tail_rows * stride_om + tail_cols, acc_tail.to(out_ptr.dtype.element_ty),
+                     mask=tail_inside)
 
 
-def descriptors(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors of x's (BLOCK_M, BLOCK_K) and the weight's (BLOCK_N, BLOCK_K) tiles."""
+def descriptors(x: torch.Tensor, weight: torch.Tensor,
+                tiles: HopperTiles) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of x's (BLOCK_M, BLOCK_K) tiles, its tail's (TAIL_M, BLOCK_K; x's own where
+    there is no tail) and the weight's (BLOCK_N, BLOCK_K)."""
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     def tile(t: torch.Tensor, rows: int) -> TensorDescriptor:
         layout = gl.NVMMASharedLayout.get_default_for([rows, tiles.block_k], dtype)
         return TensorDescriptor.from_tensor(t, [rows, tiles.block_k], layout)
-    return tile(x, tiles.block_m), tile(weight, tiles.block_n)
+    x_desc = tile(x, tiles.block_m)
+    return x_desc, tile(x, tiles.tail_m) if tiles.tail_m else x_desc, tile(weight, tiles.block_n)
 
 
 def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tiles: HopperTiles,
@@ -195,12 +281,12 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
         raise ValueError(f"hopper_matmul: a workspace is fp32 [S, {m}, {n}] planes and int32 counters, not "
                          f"{partials.dtype} {tuple(partials.shape)} and {counters.dtype}")
     splits = partials.shape[0] if workspace is not None else 1
-    x_desc, w_desc = descriptors(x, weight, tiles)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), splits)
-    _matmul_kernel[grid](x_desc, w_desc, out, partials, counters, m, n, out.stride(0), partials.stride(0), k_chunk,
-                         splits, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-                         NUM_STAGES=tiles.num_stages, CHUNKS=chunks, WORKSPACE=workspace is not None,
-                         num_warps=tiles.block_m // 16)
+    x_desc, xt_desc, w_desc = descriptors(x, weight, tiles)
+    grid = (triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n), splits)
+    _matmul_kernel[grid](x_desc, xt_desc, w_desc, out, partials, counters, m, n, out.stride(0), partials.stride(0),
+                         k_chunk, splits, BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n,
+                         BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
+                         WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, num_warps=consumer_warps(tiles))
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

@@ -18,6 +18,10 @@ from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles
 
 CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
            HopperTiles(64, 128, 64, 6), HopperTiles(256, 128, 64, 4)]
+# Swapped: the batch's rows on the MMA's N side, 128 or 256 + a 16-row tail (136, 544, 1,088 rows
+# unpadded), 16 and 64 alone; the weight's 64, 128 or 256 rows on one, two or four warp groups.
+SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 16, True),
+           HopperTiles(256, 64, 64, 5, 16, True), HopperTiles(16, 256, 64, 5, 0, True), HopperTiles(64, 128, 64, 6, 0, True)]
 
 COMPILE_FOR_HOPPER = """
 import sys
@@ -26,38 +30,41 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
-from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, descriptors
-tiles = HopperTiles(*map(int, sys.argv[1:5]))
+from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, consumer_warps, descriptors
+tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True")
 x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
-x_desc, w_desc = descriptors(x, w, tiles)
-constants = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages,
-                 CHUNKS=int(sys.argv[5]), WORKSPACE=sys.argv[6] == "True")
-signature = {"x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc), "out_ptr": "*bf16", "partial_ptr": "*fp32",
-             "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32",
-             "splits": "i32", **dict.fromkeys(constants, "constexpr")}
+x_desc, xt_desc, w_desc = descriptors(x, w, tiles)
+constants = dict(BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                 NUM_STAGES=tiles.num_stages, CHUNKS=int(sys.argv[7]), WORKSPACE=sys.argv[8] == "True",
+                 SWAP_AB=tiles.swap_ab)
+signature = {"x_desc": mangle_type(x_desc), "xt_desc": mangle_type(xt_desc), "w_desc": mangle_type(w_desc),
+             "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32",
+             "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32",
+             **dict.fromkeys(constants, "constexpr")}
 aligned = ("out_ptr", "partial_ptr", "counter_ptr", "N", "stride_om", "stride_ps", "k_chunk")
 attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
 compiled = triton.compile(GluonASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": tiles.block_m // 16})
+                          options={"num_warps": consumer_warps(tiles)})
 ptx = compiled.asm["ptx"]
 print(ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.acq_rel.add"), compiled.metadata.shared)
 """
 
 
-@pytest.mark.parametrize("tiles, chunks, workspace", [(tiles, 1, False) for tiles in CONFIGS]
+@pytest.mark.parametrize("tiles, chunks, workspace", [(tiles, 1, False) for tiles in CONFIGS + SWAPPED]
                          + [(HopperTiles(64, 128, 64, 6), 2, False), (HopperTiles(128, 128, 64, 4), 4, False),
-                            (HopperTiles(128, 256, 64, 3), 1, True)])
+                            (HopperTiles(128, 256, 64, 3), 1, True), (SWAPPED[0], 2, False), (SWAPPED[1], 1, True)])
 def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
-    unrolled), one acquire-release tile count for a workspace, and the ring (stages x both tiles)
-    within the H200's shared memory, compiled for sm_90 here in a process of its own."""
+    unrolled), twice with a tail, one acquire-release tile count for a workspace, and the ring
+    (stages x the tiles) within the H200's shared memory, compiled for sm_90 here in a process of
+    its own."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles), str(chunks), str(workspace)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     mmas, counts, shared = map(int, done.stdout.split()[-3:])
-    assert mmas == chunks * tiles.block_k // 16 and counts == workspace
-    ring = tiles.num_stages * (tiles.block_m + tiles.block_n) * tiles.block_k * 2
+    assert mmas == chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
+    ring = tiles.num_stages * (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * 2
     assert ring <= shared <= SMEM_BYTES
 
 
@@ -68,7 +75,7 @@ def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", CONFIGS)
+@pytest.mark.parametrize("tiles", CONFIGS + SWAPPED)
 @pytest.mark.parametrize("m, n, k", [(1, 200, 512), (37, 72, 1024), (300, 520, 192)])  # partial tiles in M and N
 def test_matches_float64_on_gpu(tiles, m, n, k):
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
@@ -79,26 +86,29 @@ def test_matches_float64_on_gpu(tiles, m, n, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k == 1])
 def test_k2_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k):
-    """Every row at every decode M equals the Triton kernel's same row inside the full batch."""
+    """Every row at every decode M equals the Triton kernel's same row inside the full batch,
+    swapped or not."""
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
     full = batch_invariant_linear(x, w, base_tiles(n, k, torch.bfloat16))
-    for tiles in CONFIGS:
+    for tiles in CONFIGS + SWAPPED:
         for m in DECODE_ROWS:
             assert torch.equal(hopper_linear(x[:m], w, tiles), full[:m]), (tiles, m)
 
 
 SPLIT_BLOCKINGS = [dict(block_m=64, block_n=128, num_warps=4, num_stages=6),
                    dict(block_m=128, block_n=128, num_warps=8, num_stages=4),
-                   dict(block_m=128, block_n=256, num_warps=8, num_stages=3)]
+                   dict(block_m=128, block_n=256, num_warps=8, num_stages=3),
+                   dict(block_m=128, tail_m=16, block_n=128, num_warps=8, num_stages=4, swap_ab=True),
+                   dict(block_m=256, tail_m=16, block_n=64, num_warps=4, num_stages=5, swap_ab=True)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k > 1])
 def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monkeypatch):
-    """A split tiling run by the Gluon kernel, its chunks summed through the workspace or (tiles up
-    to 128 x 128) in the program: every row at every decode M equals the Triton kernel's same row
+    """A split tiling run by the Gluon kernel (swapped with a tail too), its chunks summed through the
+    workspace or (tiles up to 128 x 128) in the program: every row at every decode M equals the Triton kernel's same row
     inside the full batch, which is a float64 product to bf16's error; the tile counters end at 0."""
     runs = []
     monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
