@@ -148,7 +148,7 @@ GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 
 # to SWAP_UP_TO_M: the Triton swapped pass's picks at M = 136-1,088 (128 + 16 and 256 + 16 rows
 # over 64 or 128 weight rows, 4-6 stages), with a producer warp and a warp group per 64 weight
 # rows. Not tried: 256 + 16 rows over 256 weight rows on four groups, whose accumulators ptxas
-# cannot fit in the registers (it asks for 154 a thread, compiled for sm_90 here).
+# cannot fit in the registers (compiled for sm_90 here).
 GLUON_SWAPPED_TILES = [(128, 16, 64, 6), (128, 16, 128, 4), (256, 16, 64, 5), (256, 16, 128, 4)]
 # The swapped pass (Blocking.swap_ab): the rows on the MMA's N side, whose width steps by 8 where
 # the M side's steps by 64 rows a warp group (a 16-row tile there runs the older mma.sync), so
@@ -172,8 +172,8 @@ SWAP_UP_TO_M = 1088
 # stream-K run, H200 at a7bb9bd, _21.json, had no tails: 64-row tiles, 1.15x at kv_a's M = 136),
 # over 64 weight rows and over 128 and 256: where the runs keep every SM busy whatever the tile
 # count, a wider weight tile reads the rows from L2 fewer times (o_proj at M = 136 in 80 x 64 tiles,
-# the tenth run's pick: 224 programs each reading 80 rows of x, 528 MB from L2 in 48 us, against
-# 250 MB in 128 weight-row tiles; an estimate from the tile counts, which the pass measures).
+# the tenth run's pick: 224 programs each reading 80 rows of x over all of K, against 56 of 144
+# rows in 144 x 128 tiles; a count of tiles, which the pass measures).
 STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False, 0), (128, 128, 8, 3, False, 0), (64, 64, 4, 6, False, 0),
                       (128, 64, 4, 6, True, 0), (256, 64, 4, 4, True, 0), (128, 64, 4, 6, True, 16),
                       (256, 64, 4, 5, True, 16), (128, 128, 8, 4, True, 16), (128, 256, 8, 3, True, 16),
