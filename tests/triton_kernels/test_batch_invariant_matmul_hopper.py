@@ -21,7 +21,8 @@ CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTil
 # Swapped: the batch's rows on the MMA's N side, 128 or 256 + a 16-row tail (136, 544, 1,088 rows
 # unpadded), 16 and 64 alone; the weight's 64, 128 or 256 rows on one, two or four warp groups.
 SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 16, True),
-           HopperTiles(256, 64, 64, 5, 16, True), HopperTiles(16, 256, 64, 5, 0, True), HopperTiles(64, 128, 64, 6, 0, True)]
+           HopperTiles(256, 64, 64, 5, 16, True), HopperTiles(16, 256, 64, 5, 0, True),
+           HopperTiles(64, 128, 64, 6, 0, True)]
 
 COMPILE_FOR_HOPPER = """
 import sys
@@ -131,7 +132,8 @@ def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monk
 @pytest.mark.gpu
 def test_a_gluon_blocking_runs_the_hopper_kernel_for_a_linear_and_this_kernel_per_head_on_gpu(monkeypatch):
     """batch_invariant_linear hands a gluon blocking's product to the Hopper kernel (the same bits
-    as the Triton tiling it names); a per-head product, which it cannot run, keeps the Triton one."""
+    as the Triton tiling it names), swapped with its tail too; a per-head product, which it cannot
+    run, keeps the Triton one."""
     runs = []
     monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
     n, k = 7168, 8192
@@ -141,12 +143,15 @@ def test_a_gluon_blocking_runs_the_hopper_kernel_for_a_linear_and_this_kernel_pe
     full = batch_invariant_linear(x, w, base_tiles(n, k, torch.bfloat16))
     tiles = base_tiles(n, k, torch.bfloat16)._replace(block_m=128, block_n=256, num_warps=8, num_stages=3, tma=True,
                                                       gluon=True)
+    swapped = tiles._replace(block_m=128, tail_m=16, block_n=128, num_stages=4, swap_ab=True)
     for m in DECODE_ROWS:
         assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), m
-    assert runs == [HopperTiles(128, 256, tiles.block_k, 3)] * len(DECODE_ROWS)
+        assert torch.equal(batch_invariant_linear(x[:m], w, swapped), full[:m]), m
+    hopper = [HopperTiles(128, 256, tiles.block_k, 3), HopperTiles(128, 128, tiles.block_k, 4, 16, True)]
+    assert runs == hopper * len(DECODE_ROWS)
     heads = random((37, 4, 512), torch.bfloat16, gen), random((4, 128, 512), torch.bfloat16, gen, 512 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, tiles), batch_invariant_per_head(*heads, tiles._replace(gluon=False)))
-    assert len(runs) == len(DECODE_ROWS)
+    assert len(runs) == 2 * len(DECODE_ROWS)
 
 
 @pytest.mark.gpu
