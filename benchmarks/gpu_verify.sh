@@ -145,7 +145,7 @@ case $part in
      for pick in "${picks[@]}"; do  # M = 136 units: q_a 24 x 2, kv_a 9 x 4; o_proj 112, the dense gate/up 288 tiles
        shape=${pick%|*} counts=${pick#*|}
        name=${shape//[ \/]/_}
-       timeout 270 python3 benchmarks/batch_invariant_matmul.py --tune-split --split-counts "$counts" \
+       timeout 285 python3 benchmarks/batch_invariant_matmul.py --tune-split --split-counts "$counts" \
          --passes "$passes" --shapes "$shape" \
          --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/split_${part}_$name.log" 2>&1
        grep "points ->\|^ *$shape " "$out/split_${part}_$name.log"
