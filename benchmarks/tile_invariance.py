@@ -1,8 +1,8 @@
 """Which parts of the batch-invariant GEMM's tiling are free choices? Whether its output rows keep
 their bits when only the blocking changes (BLOCK_M, BLOCK_N, warps, stages, TMA loads, a split
 tiling's chunks summed in one program, a second row tile per program, a persistent grid, warp
-specialization, swapped dots, stream-K, the Gluon Hopper kernel), at Kimi
-K2's projection shapes in bf16.
+specialization, swapped dots, stream-K, the Gluon Hopper kernel, swapped and persistent too), at
+Kimi K2's projection shapes in bf16.
 
 An output element's fp32 sum is the same sequence of K steps (BLOCK_K, split_k) whatever the
 blocking is; whether the tensor cores' instructions for a 16-, 64- or 128-row tile, a 32- to
@@ -98,7 +98,10 @@ def variants(tiles: Tiles) -> list[tuple[str, Tiles]]:
     if tiles.split_k > 1:
         changed += [("stream_k", tiles._replace(**blocking._asdict()))
                     for blocking in stream_k_blockings(blocking_of(tiles), max(ROWS), max(ROWS))]
-    changed += [("gluon", tiles._replace(**blocking._asdict())) for blocking in gluon_blockings(tiles, SWAP_UP_TO_M, max(ROWS))]
+    gluon = [tiles._replace(**blocking._asdict()) for blocking in gluon_blockings(tiles, SWAP_UP_TO_M, max(ROWS))]
+    changed += [("gluon", variant) for variant in gluon]
+    changed += [("gluon_persistent", variant._replace(persistent=True)) for variant in gluon
+                if variant.split_k == 1 or variant.split_in_program]
     unique = {tiles: "control"}
     for field, variant in changed:
         unique.setdefault(variant, field)

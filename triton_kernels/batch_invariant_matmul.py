@@ -88,7 +88,9 @@ accumulators from zero, a split tiling's chunks summed in the same order, in the
 through the same workspace and tile counters, so the same bits (the `gpu` tests, at every K2
 shape and decode M; swapped ones not yet run there). It serves 2-D 16-bit products on a Hopper
 GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA loads, or swapped (a tail too) at
-BLOCK_M 16 to 256 with BLOCK_N / 16 warps; a per-head product, or any on the CPU, runs the same tiles
+BLOCK_M 16 to 256 with BLOCK_N / 16 warps, persistent where no workspace sums the split (the
+consumers store each tile while the producer loads the next; not yet run on the GPU either); a
+per-head product, or any on the CPU, runs the same tiles
 in this kernel, with the same bits; on a GPU a 2-D product the Gluon kernel cannot run
 (hopper.fits) is refused.
 
@@ -535,12 +537,12 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: tail_m must be 0 or a power of two of at least 16, not {t.tail_m}")
     chunk, splits = k_chunks(k, t.block_k, t.split_k)
     workspace = splits > 1 and not t.split_in_program
-    if t.gluon and (t.persistent or t.warp_specialize or not t.tma or (t.tail_m and not t.swap_ab)
+    if t.gluon and ((t.persistent and workspace) or t.warp_specialize or not t.tma or (t.tail_m and not t.swap_ab)
                     or t.block_m not in ((16, 32, 64, 128, 256) if t.swap_ab else (64, 128, 256))
                     or t.num_warps != (t.block_n if t.swap_ab else t.block_m) // 16):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is TMA tiles of 64, 128 or 256 rows at BLOCK_M / 16 "
-                         f"warps or, swapped, of 16 to 256 rows (and a tail) at BLOCK_N / 16; no persistent grid or "
-                         f"warp_specialize, not {t}")
+                         f"warps or, swapped, of 16 to 256 rows (and a tail) at BLOCK_N / 16; no warp_specialize, and "
+                         f"persistent only with a split summed in the program, not {t}")
     if t.stream_k and (t.persistent or t.split_in_program or t.warp_specialize or t.gluon):
         raise ValueError(f"batch_invariant_matmul: a stream_k blocking runs its own grid of a program per SM over "
                          f"(tile, chunk) units: no persistent flag, in-program split, warp_specialize or gluon, "
@@ -574,7 +576,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     else:
         partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
     if t.gluon and batch == 1 and x.is_cuda:
-        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages, t.tail_m, t.swap_ab)
+        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages, t.tail_m, t.swap_ab, t.persistent)
         if not (fits(x[0], w[0], hopper) and out.stride(-1) == 1):
             raise ValueError(f"batch_invariant_matmul: the Gluon Hopper kernel cannot run {hopper} on "
                              f"{tuple(x.shape[1:])} x {tuple(w.shape[1:])} {x.dtype} here (batch_invariant_matmul_hopper.fits)")

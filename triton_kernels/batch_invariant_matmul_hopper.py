@@ -17,7 +17,10 @@ to compile it for two. Gluon states it directly:
 Swapped (`HopperTiles.swap_ab`, as the Triton kernel's swapped dots, whose picks hold most of
 M = 136-1,088): each MMA computes w x^T, the weight's rows on its M side (a warp group per 64) and
 the batch's on its N side, with a tail tile (128 + 16 rows for 136, 256 + 16 for 544 and 1,088)
-as a second MMA on the same weight stage.
+as a second MMA on the same weight stage. Persistent (`HopperTiles.persistent`): a program per SM
+takes tiles pid, pid + programs, ...; the consumers store each tile themselves, so the producer
+loads the next tile's first steps into the stages they freed while they do (a split's chunks
+summed in the program; a workspace's counters stay with one-tile programs).
 
 Arithmetic: an output element is fp32 FMAs over its K chunk in BLOCK_K steps from zero, one
 warpgroup MMA chain per step, which is what the Triton kernel's tilings do whatever their BLOCK_M,
@@ -55,13 +58,16 @@ class HopperTiles(NamedTuple):
     kernel's Blocking.swap_ab): each 64 of the BLOCK_N weight rows on a warp group, on the MMA's M
     side, and the batch's rows on its N side, where 16 to 256 rows are one MMA; `tail_m` more rows
     after them (swapped only) run a second MMA on each weight tile loaded once, so 136 rows are
-    one 128 + 16 tile."""
+    one 128 + 16 tile. `persistent`: a program per SM looping over the tiles, its consumers storing
+    each tile while the producer loads the next one's first stages (no workspace: a split's chunks
+    summed in the program)."""
     block_m: int
     block_n: int
     block_k: int
     num_stages: int
     tail_m: int = 0
     swap_ab: bool = False
+    persistent: bool = False
 
 
 def consumer_warps(tiles: HopperTiles) -> int:
@@ -89,25 +95,43 @@ def _is_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @gluon.jit
-def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, row0, col0, k_start, steps,
-                 BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer: step i's x, tail (TAIL_M > 0) and w tiles (columns k_start + i * BLOCK_K on)
-    into stage i % NUM_STAGES once its last reader freed it (a fresh barrier passes the first
-    round's wait). Past M, N or K the TMA fills zeros, as the Triton kernel's masked loads do."""
+def _tile_origin(tile, grid_m, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile `tile`'s first row and column (M fastest: tiles after each other share a weight tile)."""
+    return (tile % grid_m) * (BLOCK_M + TAIL_M), (tile // grid_m) * BLOCK_N
+
+
+@gluon.jit
+def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, tiles, tile_step, grid_m,
+                 k_start, steps, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer: for each of the program's tiles (first_tile, + tile_step, ... below tiles),
+    its steps' x, tail (TAIL_M > 0) and w tiles (columns k_start + s * BLOCK_K on), the program's
+    i-th step into stage i % NUM_STAGES once its last reader freed it (a fresh barrier passes the
+    first round's wait). Past M, N or K the TMA fills zeros, as the Triton kernel's masked loads do."""
     if TAIL_M > 0:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + xt_desc.block_type.nbytes + w_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
-    for i in range(steps):
-        stage = i % NUM_STAGES
-        mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), nbytes)
-        k = k_start + i * BLOCK_K
-        tma.async_copy_global_to_shared(x_desc, [row0, k], ready.index(stage), x_smem.index(stage))
-        if TAIL_M > 0:
-            tma.async_copy_global_to_shared(xt_desc, [row0 + BLOCK_M, k], ready.index(stage), xt_smem.index(stage))
-        tma.async_copy_global_to_shared(w_desc, [col0, k], ready.index(stage), w_smem.index(stage))
+    i = 0
+    for tile in range(first_tile, tiles, tile_step):
+        row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+        for s in range(steps):
+            stage = i % NUM_STAGES
+            mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(stage), nbytes)
+            k = k_start + s * BLOCK_K
+            tma.async_copy_global_to_shared(x_desc, [row0, k], ready.index(stage), x_smem.index(stage))
+            if TAIL_M > 0:
+                tma.async_copy_global_to_shared(xt_desc, [row0 + BLOCK_M, k], ready.index(stage),
+                                                xt_smem.index(stage))
+            tma.async_copy_global_to_shared(w_desc, [col0, k], ready.index(stage), w_smem.index(stage))
+            i += 1
 
 
 @gluon.jit
@@ -146,21 +170,56 @@ def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: 
 
 
 @gluon.jit
-def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, chunk_steps, layout: gl.constexpr,
-                     tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr):
-    """The consumers: CHUNKS chunks of chunk_steps steps, each accumulated from zero, their sums
-    added in chunk order (the Triton kernel's `acc += more`): the fp32 tile and tail, before any
-    cast (warp_specialize returns the default partition's results as one tuple)."""
-    total, tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
-                                  TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+def _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout: gl.constexpr,
+                   tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr):
+    """One tile from the program's step `first` on: CHUNKS chunks of chunk_steps steps, each
+    accumulated from zero, their sums added in chunk order (the Triton kernel's `acc += more`):
+    the fp32 tile and tail, before any cast."""
+    total, tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout, tail_layout,
+                                  BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
     for c in gl.static_range(1, CHUNKS):
-        more, more_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, c * chunk_steps, chunk_steps, layout,
-                                          tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+        more, more_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first + c * chunk_steps, chunk_steps,
+                                          layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
         total = total + more
         if TAIL_M > 0:
             tail = tail + more_tail
     return total, tail
+
+
+@gluon.jit
+def _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout: gl.constexpr, tail_layout: gl.constexpr,
+               BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, SWAP_AB: gl.constexpr):
+    """A finished tile (and tail) cast and stored into out."""
+    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
+    gl.store(out_ptr + rows * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
+    if TAIL_M > 0:
+        rows, cols, inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
+        gl.store(out_ptr + rows * stride_om + cols, acc_tail.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@gluon.jit
+def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile, tiles, tile_step,
+                     grid_m, chunk_steps, layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                     TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr,
+                     SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The consumers. One tile (not PERSISTENT): its fp32 tile and tail, returned for the kernel's
+    epilogue (warp_specialize returns the default partition's results as one tuple). PERSISTENT:
+    each of the program's tiles multiplied and stored here, while the producer fills the stages
+    its MMAs freed with the next tile's first steps; nothing returned."""
+    if PERSISTENT:
+        first = 0
+        for tile in range(first_tile, tiles, tile_step):
+            acc, acc_tail = _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout,
+                                           tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
+            row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+            _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M,
+                       BLOCK_N, SWAP_AB)
+            first += CHUNKS * chunk_steps
+        return ()
+    else:
+        return _multiply_tile(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
+                              TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
 
 
 @gluon.jit
@@ -190,19 +249,52 @@ def _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_p
 
 
 @gluon.jit
+def _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, splits, tile, grid_m,
+                 layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, WORKSPACE: gl.constexpr, SWAP_AB: gl.constexpr):
+    """A one-tile program's epilogue (all its warps again): the tile stored, or (WORKSPACE) its
+    partial stored in its plane, and the program completing the tile's count sums the planes."""
+    acc, acc_tail = results
+    row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
+    if TAIL_M > 0:
+        tail_rows, tail_cols, tail_inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
+    if WORKSPACE:
+        plane = partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps
+        gl.store(plane + rows * N + cols, acc, mask=inside)
+        if TAIL_M > 0:
+            gl.store(plane + tail_rows * N + tail_cols, acc_tail, mask=tail_inside)
+        counter = counter_ptr + tile  # the Triton kernel's order: (pid_n, pid_m)
+        gl.thread_barrier()  # every thread's share of the partial stored before the count says it is
+        if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, splits)
+            if TAIL_M > 0:
+                _sum_planes(partial_ptr, out_ptr, tail_rows, tail_cols, tail_inside, N, stride_om, stride_ps, splits)
+            gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next product
+    else:
+        _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
+                   SWAP_AB)
+
+
+@gluon.jit
 def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk,
-                   splits, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr, SWAP_AB: gl.constexpr):
-    """out = x @ w^T, one (BLOCK_M + TAIL_M, BLOCK_N) tile per program, M fastest along axis 0
-    (programs launched together share a weight tile in L2, as in the Triton kernel). K comes in
-    chunks of k_chunk columns (a BLOCK_K multiple): CHUNKS of them in each program, or (WORKSPACE)
-    one per program along axis 2, its fp32 partial stored in partial_ptr's plane (rows of N floats,
-    planes stride_ps apart); the program whose partial arrives last at its tile (counter_ptr: one
-    int32 per tile, zero between products) adds the planes in order 0 .. splits - 1, casts, stores
-    and zeroes the counter, as the Triton kernel's workspace tilings do. xt_desc: the tail's rows
-    (x_desc where TAIL_M = 0)."""
-    pid_m, pid_n = gl.program_id(0), gl.program_id(1)
-    row0, col0 = pid_m * (BLOCK_M + TAIL_M), pid_n * BLOCK_N
+                   splits, grid_m, grid_n, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr,
+                   SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr):
+    """out = x @ w^T in (BLOCK_M + TAIL_M, BLOCK_N) tiles of a grid_m x grid_n grid, M fastest
+    (programs launched together share a weight tile in L2, as in the Triton kernel): one per
+    program along axes 0 and 1, or (PERSISTENT, a program per SM on axis 0) tiles pid, pid +
+    programs, ... each. K comes in chunks of k_chunk columns (a BLOCK_K multiple): CHUNKS of them
+    in each program, or (WORKSPACE, never PERSISTENT) one per program along axis 2, its fp32
+    partial stored in partial_ptr's plane (rows of N floats, planes stride_ps apart); the program
+    whose partial arrives last at its tile (counter_ptr: one int32 per tile, zero between products)
+    adds the planes in order 0 .. splits - 1, casts, stores and zeroes the counter, as the Triton
+    kernel's workspace tilings do. xt_desc: the tail's rows (x_desc where TAIL_M = 0)."""
+    if PERSISTENT:
+        first_tile, tiles, tile_step = gl.program_id(0), grid_m * grid_n, gl.num_programs(0)
+    else:
+        first_tile = gl.program_id(1) * grid_m + gl.program_id(0)
+        tiles, tile_step = first_tile + 1, 1
     chunk_steps = k_chunk // BLOCK_K
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
@@ -223,32 +315,16 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     tail_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, TAIL_M if TAIL_M > 0 else 16, 16])
     k_start = gl.program_id(2) * k_chunk  # axis 2 is one program wide unless WORKSPACE
-    acc, acc_tail = gl.warp_specialize([
-        (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M,
-                            BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)),
-        (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, row0, col0, k_start,
-                        CHUNKS * chunk_steps, BLOCK_M, TAIL_M, BLOCK_K, NUM_STAGES)),
+    results = gl.warp_specialize([
+        (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile, tiles,
+                            tile_step, grid_m, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES,
+                            CHUNKS, SWAP_AB, PERSISTENT)),
+        (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, tiles, tile_step,
+                        grid_m, k_start, CHUNKS * chunk_steps, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
-    if TAIL_M > 0:
-        tail_rows, tail_cols, tail_inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
-    if WORKSPACE:
-        plane = partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps
-        gl.store(plane + rows * N + cols, acc, mask=inside)
-        if TAIL_M > 0:
-            gl.store(plane + tail_rows * N + tail_cols, acc_tail, mask=tail_inside)
-        tile = counter_ptr + pid_n * gl.num_programs(0) + pid_m
-        gl.thread_barrier()  # every thread's share of the partial stored before the count says it is
-        if gl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, splits)
-            if TAIL_M > 0:
-                _sum_planes(partial_ptr, out_ptr, tail_rows, tail_cols, tail_inside, N, stride_om, stride_ps, splits)
-            gl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
-    else:
-        gl.store(out_ptr + rows * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
-        if TAIL_M > 0:
-            gl.store(out_ptr + tail_rows * stride_om + tail_cols, acc_tail.to(out_ptr.dtype.element_ty),
-                     mask=tail_inside)
+    if not PERSISTENT:
+        _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, splits, first_tile, grid_m,
+                     layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, WORKSPACE, SWAP_AB)
 
 
 def descriptors(x: torch.Tensor, weight: torch.Tensor,
@@ -280,13 +356,18 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
                                   or partials.stride()[1:] != (n, 1) or counters.dtype != torch.int32):
         raise ValueError(f"hopper_matmul: a workspace is fp32 [S, {m}, {n}] planes and int32 counters, not "
                          f"{partials.dtype} {tuple(partials.shape)} and {counters.dtype}")
+    if workspace is not None and tiles.persistent:
+        raise ValueError("hopper_matmul: a persistent blocking sums a split's chunks in the program, not through a "
+                         "workspace")
     splits = partials.shape[0] if workspace is not None else 1
     x_desc, xt_desc, w_desc = descriptors(x, weight, tiles)
-    grid = (triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n), splits)
+    grid_m, grid_n = triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n)
+    grid = (min(grid_m * grid_n, _sms(x.device)), 1, 1) if tiles.persistent else (grid_m, grid_n, splits)
     _matmul_kernel[grid](x_desc, xt_desc, w_desc, out, partials, counters, m, n, out.stride(0), partials.stride(0),
-                         k_chunk, splits, BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n,
-                         BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
-                         WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, num_warps=consumer_warps(tiles))
+                         k_chunk, splits, grid_m, grid_n, BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m,
+                         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
+                         WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent,
+                         num_warps=consumer_warps(tiles))
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

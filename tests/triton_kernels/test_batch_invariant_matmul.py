@@ -238,10 +238,11 @@ def test_warp_specialization_without_tma_loads_with_a_tail_tile_or_a_workspace_i
 
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, tma=True), Tiles(64, 64, 32, 4, 3, split_k=2, tma=True),
                                    Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, split_in_program=True),
-                                   Tiles(32, 64, 32, 4, 3, split_k=2, tma=True, tail_m=16, swap_ab=True)])
+                                   Tiles(32, 64, 32, 4, 3, split_k=2, tma=True, tail_m=16, swap_ab=True),
+                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, split_in_program=True, persistent=True)])
 def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_cannot(tiles):
     """On the CPU (and for a per-head product anywhere) a gluon blocking is this kernel's own TMA
-    tiling, split or not, swapped with a tail too: the same bits as without the flag."""
+    tiling, split or not, swapped with a tail or persistent too: the same bits as without the flag."""
     gen = torch.Generator().manual_seed(5)
     x, w = random((70, 136), torch.float32, gen), random((72, 136), torch.float32, gen, 136 ** -0.5)
     assert torch.equal(batch_invariant_linear(x, w, tiles._replace(gluon=True)), batch_invariant_linear(x, w, tiles))
@@ -252,13 +253,13 @@ def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_c
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, gluon=True), Tiles(32, 64, 32, 2, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 8, 3, tma=True, gluon=True),
                                    Tiles(64, 64, 32, 4, 3, tma=True, tail_m=16, gluon=True),
-                                   Tiles(64, 64, 32, 4, 3, tma=True, persistent=True, gluon=True),
+                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, persistent=True, gluon=True),
                                    Tiles(64, 128, 32, 4, 3, tma=True, gluon=True, swap_ab=True),
                                    Tiles(8, 64, 32, 4, 3, tma=True, gluon=True, swap_ab=True)])
 def test_a_gluon_blocking_the_hopper_kernel_could_not_run_is_refused(tiles):
-    """Pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail unswapped, a persistent grid;
-    swapped, warps other than BLOCK_N / 16 or fewer than 16 rows: refused at the call, not silently
-    run by this kernel instead."""
+    """Pointer loads, 32 rows, warps other than BLOCK_M / 16, a tail unswapped, a persistent grid
+    over a workspace; swapped, warps other than BLOCK_N / 16 or fewer than 16 rows: refused at the
+    call, not silently run by this kernel instead."""
     x, w = torch.zeros(4, 64), torch.zeros(64, 64)
     with pytest.raises(ValueError, match="a gluon blocking is TMA tiles"):
         batch_invariant_linear(x, w, tiles)

@@ -23,6 +23,9 @@ CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTil
 SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 16, True),
            HopperTiles(256, 64, 64, 5, 16, True), HopperTiles(16, 256, 64, 5, 0, True),
            HopperTiles(64, 128, 64, 6, 0, True)]
+# Persistent (a program per SM over the tiles, each stored by the consumers), split in the program too.
+PERSISTENT = [(CONFIGS[0], 1), (CONFIGS[1], 2), (SWAPPED[0], 1), (SWAPPED[2], 2)]
+UNSPLIT = CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunks in PERSISTENT if chunks == 1]
 
 COMPILE_FOR_HOPPER = """
 import sys
@@ -32,15 +35,15 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, consumer_warps, descriptors
-tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True")
+tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True", sys.argv[9] == "True")
 x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
 x_desc, xt_desc, w_desc = descriptors(x, w, tiles)
 constants = dict(BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                  NUM_STAGES=tiles.num_stages, CHUNKS=int(sys.argv[7]), WORKSPACE=sys.argv[8] == "True",
-                 SWAP_AB=tiles.swap_ab)
+                 SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent)
 signature = {"x_desc": mangle_type(x_desc), "xt_desc": mangle_type(xt_desc), "w_desc": mangle_type(w_desc),
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32",
-             "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32",
+             "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32", "grid_m": "i32", "grid_n": "i32",
              **dict.fromkeys(constants, "constexpr")}
 aligned = ("out_ptr", "partial_ptr", "counter_ptr", "N", "stride_om", "stride_ps", "k_chunk")
 attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
@@ -53,14 +56,16 @@ print(ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.acq_rel.add"), co
 
 @pytest.mark.parametrize("tiles, chunks, workspace", [(tiles, 1, False) for tiles in CONFIGS + SWAPPED]
                          + [(HopperTiles(64, 128, 64, 6), 2, False), (HopperTiles(128, 128, 64, 4), 4, False),
-                            (HopperTiles(128, 256, 64, 3), 1, True), (SWAPPED[0], 2, False), (SWAPPED[1], 1, True)])
+                            (HopperTiles(128, 256, 64, 3), 1, True), (SWAPPED[0], 2, False), (SWAPPED[1], 1, True)]
+                         + [(tiles._replace(persistent=True), chunks, False) for tiles, chunks in PERSISTENT])
 def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
     unrolled), twice with a tail, one acquire-release tile count for a workspace, and the ring
     (stages x the tiles) within the H200's shared memory, compiled for sm_90 here in a process of
     its own."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles), str(chunks), str(workspace)],
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles[:6]), str(chunks), str(workspace),
+                           str(tiles.persistent)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     mmas, counts, shared = map(int, done.stdout.split()[-3:])
@@ -76,7 +81,7 @@ def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", CONFIGS + SWAPPED)
+@pytest.mark.parametrize("tiles", UNSPLIT)
 @pytest.mark.parametrize("m, n, k", [(1, 200, 512), (37, 72, 1024), (300, 520, 192)])  # partial tiles in M and N
 def test_matches_float64_on_gpu(tiles, m, n, k):
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
@@ -88,12 +93,12 @@ def test_matches_float64_on_gpu(tiles, m, n, k):
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k == 1])
 def test_k2_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k):
     """Every row at every decode M equals the Triton kernel's same row inside the full batch,
-    swapped or not."""
+    swapped or not, persistent or not."""
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     w = random((n, k), torch.bfloat16, gen, k ** -0.5)
     x = random((max(DECODE_ROWS), k), torch.bfloat16, gen)
     full = batch_invariant_linear(x, w, base_tiles(n, k, torch.bfloat16))
-    for tiles in CONFIGS + SWAPPED:
+    for tiles in UNSPLIT:
         for m in DECODE_ROWS:
             assert torch.equal(hopper_linear(x[:m], w, tiles), full[:m]), (tiles, m)
 
@@ -109,8 +114,9 @@ SPLIT_BLOCKINGS = [dict(block_m=64, block_n=128, num_warps=4, num_stages=6),
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k > 1])
 def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monkeypatch):
     """A split tiling run by the Gluon kernel (swapped with a tail too), its chunks summed through the
-    workspace or (tiles up to 128 x 128) in the program: every row at every decode M equals the Triton kernel's same row
-    inside the full batch, which is a float64 product to bf16's error; the tile counters end at 0."""
+    workspace or (tiles up to 128 x 128) in the program, persistent too: every row at every decode
+    M equals the Triton kernel's same row inside the full batch, which is a float64 product to
+    bf16's error; the tile counters end at 0."""
     runs = []
     monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
     gen = torch.Generator(device="cuda").manual_seed(n + k)
@@ -122,6 +128,7 @@ def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monk
     variants = [base._replace(**blocking, tma=True, gluon=True, split_in_program=in_program)
                 for blocking in SPLIT_BLOCKINGS for in_program in (False, True)
                 if not in_program or blocking["block_m"] * blocking["block_n"] <= 128 * 128]
+    variants += [tiles._replace(persistent=True) for tiles in variants if tiles.split_in_program]
     for tiles in variants:
         for m in DECODE_ROWS:
             assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m)

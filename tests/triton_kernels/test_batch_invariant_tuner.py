@@ -135,6 +135,9 @@ def test_the_invariance_probe_covers_swapped_dots_stream_k_and_the_gluon_kernels
         assert any(tiles.split_in_program for tiles in swapped) == (base.split_k > 1)
         gluon = {blocking_of(tiles) for field, tiles in probed if field == "gluon"}
         assert gluon == set(tuner.gluon_blockings(base, tuner.SWAP_UP_TO_M, max(tuner.ROWS)))
+        persistent = {blocking_of(tiles) for field, tiles in probed if field == "gluon_persistent"}
+        assert persistent == {b._replace(persistent=True) for b in gluon if base.split_k == 1 or b.split_in_program}
+        assert persistent and any(b.swap_ab for b in persistent)
         streamed = {blocking_of(tiles) for field, tiles in probed if field == "stream_k"}
         assert streamed == (set(tuner.stream_k_blockings(blocking_of(base), max(tuner.ROWS), max(tuner.ROWS))) if base.split_k > 1 else set())
 
@@ -204,7 +207,7 @@ def test_the_persistent_pass_tries_the_best_blocking_persistent_at_every_m(monke
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
                          cost=lambda b, m: 0.5 if b.persistent and m >= 544 else 1.0)
     for m in tuner.ROWS:
-        assert sum(e["blocking"]["persistent"] for e in tried if e["m"] == m) == 1
+        assert sum(e["blocking"]["persistent"] and not e["blocking"]["gluon"] for e in tried if e["m"] == m) == 1
     assert with_blocking(BASE, ranges, 1088).persistent and not with_blocking(BASE, ranges, 136).persistent
     assert "persistent=True" in tuner.ranges_line(ranges)
 
@@ -221,16 +224,21 @@ def test_the_tuner_no_longer_tries_warp_specialized_loops(monkeypatch, inputs):
 
 def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_both_ways(monkeypatch, inputs):
     """GLUON_TILES at BLOCK_M / 16 warps with TMA loads, no more rows than M needs, and up to
-    SWAP_UP_TO_M the swapped GLUON_SWAPPED_TILES whose row tile M passes, at BLOCK_N / 16, last;
-    picked where fastest; a split tiling tries each through the workspace and, up to 128 x 128
-    tiles (two accumulators in registers), with its chunks summed in the program."""
+    SWAP_UP_TO_M the swapped GLUON_SWAPPED_TILES whose row tile M passes, at BLOCK_N / 16, last,
+    then the fastest of them persistent; picked where fastest; a split tiling tries each through
+    the workspace and, up to 128 x 128 tiles (two accumulators in registers), with its chunks
+    summed in the program, and persistent only that way."""
     def gluon_at(tried, m, *fields):
         return {tuple(e["blocking"][f] for f in fields) for e in tried
-                if e["m"] == m and e["blocking"]["gluon"] and not e["blocking"]["swap_ab"]}
+                if e["m"] == m and e["blocking"]["gluon"] and not (e["blocking"]["swap_ab"] or e["blocking"]["persistent"])}
 
     def swapped_at(tried, m):
         return {tuple(e["blocking"][f] for f in ("block_m", "tail_m", "block_n", "num_stages")) for e in tried
-                if e["m"] == m and e["blocking"]["gluon"] and e["blocking"]["swap_ab"]}
+                if e["m"] == m and e["blocking"]["gluon"] and e["blocking"]["swap_ab"] and not e["blocking"]["persistent"]}
+
+    def persistent_at(tried, m):
+        return [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["gluon"]
+                and e["blocking"]["persistent"]]
 
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
                          cost=lambda b, m: 0.5 if b.gluon and b.block_m == 128 and m >= 544 else 1.0)
@@ -239,8 +247,11 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         assert tiles == {t for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
         swapped = swapped_at(tried, m)
         assert swapped == ({t for t in tuner.GLUON_SWAPPED_TILES if t[0] < m} if m <= tuner.SWAP_UP_TO_M else set())
-        last = len(tiles) + len(swapped)
+        last = len(tiles) + len(swapped) + 1  # then the fastest of them, persistent
         assert [e["blocking"]["gluon"] for e in tried if e["m"] == m][-last:] == [True] * last
+        fastest = min((e for e in tried if e["m"] == m and e["blocking"]["gluon"] and not e["blocking"]["persistent"]),
+                      key=lambda e: e["ratio_to_cublas"])
+        assert persistent_at(tried, m) == [Blocking(**fastest["blocking"])._replace(persistent=True)]
     gluon = [Blocking(**e["blocking"]) for e in tried if e["blocking"]["gluon"]]
     assert all(b.num_warps == (b.block_n if b.swap_ab else b.block_m) // 16 and b.tma for b in gluon)
     assert any(b.swap_ab and b.tail_m for b in gluon)
@@ -253,6 +264,7 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         tiles = {t[:2] for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
         assert gluon_at(tried, m, "block_m", "block_n", "split_in_program") == (
             {(*t, False) for t in tiles} | {(*t, True) for t in tiles if t[0] * t[1] <= 128 * 128})
+        assert all(b.split_in_program for b in persistent_at(tried, m)) and (m >= 544) == bool(persistent_at(tried, m))
     picked = with_blocking(split, ranges, 1088)
     assert picked.gluon and picked.split_in_program and picked.block_m * picked.block_n <= 128 * 128
     assert not with_blocking(split, ranges, 136).gluon
