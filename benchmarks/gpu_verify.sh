@@ -30,7 +30,8 @@
 #   bash benchmarks/gpu_verify.sh OUT 14  # stream-K's gpu tests, then --tune-blocking --passes stream_k: the four split shapes
 #   bash benchmarks/gpu_verify.sh OUT 15  # --tune-split with more chunks, stream-K among the passes: q_a (2, 4, 8), kv_a (4, 8, 16)
 #   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2, 4 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
-#   bash benchmarks/gpu_verify.sh OUT 17  # the Gluon kernel's gpu tests (swapped tiles too), then --passes gluon: the seven shapes with M = 544-1,088 misses
+#   bash benchmarks/gpu_verify.sh OUT 17  # the Gluon kernel's gpu tests (swapped, persistent), then --passes gluon: kv_b, lm_head, q_b
+#   bash benchmarks/gpu_verify.sh OUT 18  # --passes gluon: the other four shapes with M = 544-1,088 misses
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -52,7 +53,7 @@
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
 # and 10).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-17)}
+out=${1:?OUT} part=${2:?PART (1-18)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -150,11 +151,15 @@ case $part in
          --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/split_${part}_$name.log" 2>&1
        grep "points ->\|^ *$shape " "$out/split_${part}_$name.log"
      done ;;
-  17) gate_on_gpu_tests 200 "gpu" gpu_tests_hopper_swapped.txt tests/triton_kernels/test_batch_invariant_matmul_hopper.py
-     timeout 360 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes gluon \
-       --shapes "q_a_proj,kv_a_proj,kv_b_proj,q_b_proj,dense down,shared expert gate/up,lm_head" \
-       --out "$out/batch_invariant_matmul_blocking_tuning_part17.json" > "$out/blocking_17.log" 2>&1
-     grep -v "^  M=" "$out/blocking_17.log" | tail -40 ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 17, not $part" >&2; exit 2 ;;
+  17|18) if [ "$part" = 17 ]; then  # the Gluon kernel's new tiles' bits first, as part 11's swapped ones
+       gate_on_gpu_tests 200 "gpu" gpu_tests_hopper_swapped.txt tests/triton_kernels/test_batch_invariant_matmul_hopper.py
+     fi
+     shapes=$([ "$part" = 17 ] && echo "kv_b_proj,lm_head,q_b_proj" \
+       || echo "dense down,shared expert gate/up,q_a_proj,kv_a_proj")  # about 80 s a shape
+     timeout $([ "$part" = 17 ] && echo 370 || echo 580) python3 benchmarks/batch_invariant_matmul.py --tune-blocking \
+       --passes gluon --shapes "$shapes" \
+       --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
+     grep -v "^  M=" "$out/blocking_$part.log" | tail -40 ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 18, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"
