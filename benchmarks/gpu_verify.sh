@@ -51,7 +51,9 @@
 # loops and persistent grids: q_b_proj, o_proj and the dense gate/up only, --shapes in one call
 # after part 2's first try ran out of time, as _11; then the Gluon kernel's tiles on the six unsplit shapes,
 # part 2 as _12, part 3 as _13; then the Gluon kernel's split tiles on the four split shapes, parts 9
-# and 10).
+# and 10), 2026-12-04 (swapped dots, parts 11-13: _16 to _20; then stream-K, part 14: _21; q_a's and
+# kv_a's split counts, part 15: _22, _23; a full run on q_a, kv_b and the shared down: _24; parts
+# 16-18 not yet run).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-18)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
