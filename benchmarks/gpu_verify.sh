@@ -7,12 +7,12 @@
 # (required) so that each result file's machine block names the code that ran. Every part needs the
 # nvtx wheel carried (.whl1: the engine imports nvtx; ../shared/nsys/README.md), part 5 .devlibs too.
 # Limits: 220-580 s per part, 2,340 s for parts 1-5, more than one session's 30 device-minutes:
-# take part 1 and the parts whose code changed first. Parts 6 and 7 re-pick split counts: where a
-# count changes, paste both the TUNED and the BLOCKING_BY_M lines they print and commit the file as
-# a blocking tuning run; where every count stands, commit it as
-# benchmarks/results/batch_invariant_matmul_split_tuning_<shapes>.json (a test holds TUNED to its
-# counts) and leave BLOCKING_BY_M to parts 2 and 3. Runs: 2026-12-02 at 69c7370, part 6 and part
-# 7's shared gate/up (every count stood).
+# take part 1 and the parts whose code changed first. Parts 6, 7, 15 and 16 re-pick split counts:
+# where a count changes, commit the file as a blocking tuning run and paste it
+# (benchmarks/paste_blocking.py writes both its TUNED and its BLOCKING_BY_M lines); where every
+# count stands, commit it as benchmarks/results/batch_invariant_matmul_split_tuning_<shapes>.json
+# (a test holds TUNED to its counts) or, as parts 15 and 16 do, as a blocking tuning run too.
+# Runs: 2026-12-02 at 69c7370, part 6 and part 7's shared gate/up (every count stood).
 #
 #   bash benchmarks/gpu_verify.sh OUT 1   # which blocking fields keep rows' bits (swapped, stream-K and split Gluon too)
 #   bash benchmarks/gpu_verify.sh OUT 2   # --tune-blocking, the attention's unsplit shapes (with their table)
