@@ -188,6 +188,20 @@ def _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, lay
 
 
 @gluon.jit
+def _tile_index(row0, col0, M, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
+                SWAP_AB: gl.constexpr):
+    """An accumulator's rows and columns (int64 rows, broadcastable against the columns: rows down
+    its first axis, swapped across its second) and which of them lie inside the [M, N] output."""
+    if SWAP_AB:
+        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout)), 0)
+        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)), 1)
+    else:
+        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
+        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)), 0)
+    return rows.to(gl.int64), cols, (rows < M) & (cols < N)
+
+
+@gluon.jit
 def _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout: gl.constexpr, tail_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, SWAP_AB: gl.constexpr):
     """A finished tile (and tail) cast and stored into out."""
@@ -220,20 +234,6 @@ def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride
     else:
         return _multiply_tile(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
                               TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
-
-
-@gluon.jit
-def _tile_index(row0, col0, M, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
-                SWAP_AB: gl.constexpr):
-    """An accumulator's rows and columns (int64 rows, broadcastable against the columns: rows down
-    its first axis, swapped across its second) and which of them lie inside the [M, N] output."""
-    if SWAP_AB:
-        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout)), 0)
-        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)), 1)
-    else:
-        rows = gl.expand_dims(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
-        cols = gl.expand_dims(col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)), 0)
-    return rows.to(gl.int64), cols, (rows < M) & (cols < N)
 
 
 @gluon.jit
