@@ -316,6 +316,8 @@ def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tile
                        batch_invariant_linear(x, w, tailed._replace(swap_ab=True)))
     heads = random((37, 3, 200), torch.float32, gen), random((3, 40, 200), torch.float32, gen, 200 ** -0.5)
     assert torch.equal(batch_invariant_per_head(*heads, streamed), batch_invariant_per_head(*heads, tiles))
+    assert torch.equal(batch_invariant_per_head(*heads, tailed._replace(stream_k=True, tma=True)),
+                       batch_invariant_per_head(*heads, tailed))
     assert not any(counters.any() for counters in gemm._COUNTERS.get(x.device, []))
 
 
