@@ -43,8 +43,8 @@ for a split tiling stream-K (`stream_k`, STREAM_K_BLOCKINGS: a program per SM ov
 blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program; swapped ones,
-GLUON_SWAPPED_TILES, up to M = 1,088; then its fastest as a persistent grid, where no workspace
-sums the split). Beside the base's own
+GLUON_SWAPPED_TILES, up to M = 1,088; then its fastest that needs no workspace as a persistent
+grid). Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -355,8 +355,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
         if base.split_k > 1:
             run("stream_k", stream_k_blockings(fastest() or blocking_of(base), m, widest))
         run("gluon", gluon_blockings(base, m, widest))
-        gluon_pick = fastest(lambda b: b.gluon)
-        if gluon_pick is not None and (base.split_k == 1 or gluon_pick.split_in_program):
+        gluon_pick = fastest(lambda b: b.gluon and (base.split_k == 1 or b.split_in_program))  # no workspace
+        if gluon_pick is not None:
             run("gluon", [gluon_pick._replace(persistent=True)])  # its tiles' epilogues under the next loads
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
