@@ -180,6 +180,11 @@ STREAM_K_BLOCKINGS = [(64, 128, 4, 4, False, 0), (128, 128, 8, 3, False, 0), (64
                       (128, 64, 4, 6, True, 0), (256, 64, 4, 4, True, 0), (128, 64, 4, 6, True, 16),
                       (256, 64, 4, 5, True, 16), (128, 128, 8, 4, True, 16), (128, 256, 8, 3, True, 16),
                       (256, 128, 8, 4, True, 16)]
+# And the Gluon kernel's stream-K tiles (BLOCK_M, tail_m, BLOCK_N, stages, swap_ab), a warp group per
+# 64 rows of the MMA's M side: its split tiles of 128 x 128 and 128 x 256, and its swapped 128 + 16
+# and 256 + 16 rows over 128 weight rows (the swapped ones up to SWAP_UP_TO_M).
+GLUON_STREAM_K_TILES = [(128, 0, 128, 4, False), (128, 0, 256, 3, False), (128, 16, 128, 4, True),
+                        (256, 16, 128, 4, True)]
 PASSES = ("rows", "columns", "tma", "split", "tail", "deep", "swap", "persistent", "stream_k", "gluon")  # in the order run
 SPLIT_COUNTS = (1, 2, 4)  # --tune-split: the K chunk counts tried, each with its own blocking per M
 
@@ -281,13 +286,19 @@ def swapped_blockings(m: int, widest: int) -> list[Blocking]:
 
 
 def stream_k_blockings(best: Blocking, m: int, widest: int) -> list[Blocking]:
-    """The stream-K pass at M: `best` as stream-K (what it cannot keep dropped: its persistent flag,
-    in-program split, warp specialization, Gluon kernel), then STREAM_K_BLOCKINGS no wider than M
-    needs (64 rows always), the tailed ones where M passes their row tile."""
+    """The stream-K pass at M: `best` as stream-K in the Triton kernel (what it cannot keep dropped:
+    its persistent flag, in-program split, warp specialization, Gluon kernel), then
+    STREAM_K_BLOCKINGS and GLUON_STREAM_K_TILES no wider than M needs (64 rows always), the tailed
+    ones where M passes their row tile (and, in the Gluon kernel, up to SWAP_UP_TO_M)."""
     own = best._replace(persistent=False, split_in_program=False, warp_specialize=False, gluon=False, stream_k=True)
-    return [own] + [Blocking(block_m, block_n, warps, stages, tma=True, tail_m=tail, swap_ab=swap, stream_k=True)
+    triton_tiles = [Blocking(block_m, block_n, warps, stages, tma=True, tail_m=tail, swap_ab=swap, stream_k=True)
                     for block_m, block_n, warps, stages, swap, tail in STREAM_K_BLOCKINGS
                     if (block_m < m if tail else block_m <= max(64, widest))]
+    gluon_tiles = [Blocking(block_m, block_n, (block_n if swap else block_m) // 16, stages, tma=True, tail_m=tail,
+                            gluon=True, swap_ab=swap, stream_k=True)
+                   for block_m, tail, block_n, stages, swap in GLUON_STREAM_K_TILES
+                   if (block_m < m <= SWAP_UP_TO_M if tail else block_m <= max(64, widest))]
+    return [own] + triton_tiles + gluon_tiles
 
 
 def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int] = ROWS,

@@ -89,8 +89,8 @@ through the same workspace and tile counters, so the same bits (the `gpu` tests,
 shape and decode M; swapped ones not yet run there). It serves 2-D 16-bit products on a Hopper
 GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA loads, or swapped (a tail too) at
 BLOCK_M 16 to 256 with BLOCK_N / 16 warps, persistent where no workspace sums the split (the
-consumers store each tile while the producer loads the next; not yet run on the GPU either); a
-per-head product, or any on the CPU, runs the same tiles
+consumers store each tile while the producer loads the next) or stream-K (not yet run on the
+GPU either); a per-head product, or any on the CPU, runs the same tiles
 in this kernel, with the same bits; on a GPU a 2-D product the Gluon kernel cannot run
 (hopper.fits) is refused.
 
@@ -543,10 +543,9 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is TMA tiles of 64, 128 or 256 rows at BLOCK_M / 16 "
                          f"warps or, swapped, of 16 to 256 rows (and a tail) at BLOCK_N / 16; no warp_specialize, and "
                          f"persistent only with a split summed in the program, not {t}")
-    if t.stream_k and (t.persistent or t.split_in_program or t.warp_specialize or t.gluon):
+    if t.stream_k and (t.persistent or t.split_in_program or t.warp_specialize):
         raise ValueError(f"batch_invariant_matmul: a stream_k blocking runs its own grid of a program per SM over "
-                         f"(tile, chunk) units: no persistent flag, in-program split, warp_specialize or gluon, "
-                         f"not {t}")
+                         f"(tile, chunk) units: no persistent flag, in-program split or warp_specialize, not {t}")
     if t.warp_specialize and (not t.tma or t.tail_m or workspace or t.swap_ab):
         raise ValueError("batch_invariant_matmul: warp_specialize needs TMA loads, no tail tile, no workspace and no "
                          "swap_ab (triton 3.6 cannot split pointer loads or a second dot into their own warps, and the "
@@ -576,7 +575,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     else:
         partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
     if t.gluon and batch == 1 and x.is_cuda:
-        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages, t.tail_m, t.swap_ab, t.persistent)
+        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages, t.tail_m, t.swap_ab, t.persistent,
+                             t.stream_k)
         if not (fits(x[0], w[0], hopper) and out.stride(-1) == 1):
             raise ValueError(f"batch_invariant_matmul: the Gluon Hopper kernel cannot run {hopper} on "
                              f"{tuple(x.shape[1:])} x {tuple(w.shape[1:])} {x.dtype} here (batch_invariant_matmul_hopper.fits)")

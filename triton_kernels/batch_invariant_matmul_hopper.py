@@ -60,7 +60,8 @@ class HopperTiles(NamedTuple):
     after them (swapped only) run a second MMA on each weight tile loaded once, so 136 rows are
     one 128 + 16 tile. `persistent`: a program per SM looping over the tiles, its consumers storing
     each tile while the producer loads the next one's first stages (no workspace: a split's chunks
-    summed in the program)."""
+    summed in the program). `stream_k`: a program per SM over equal runs of the product's (tile,
+    chunk) units, through the workspace (as the Triton kernel's Blocking.stream_k)."""
     block_m: int
     block_n: int
     block_k: int
@@ -68,6 +69,7 @@ class HopperTiles(NamedTuple):
     tail_m: int = 0
     swap_ab: bool = False
     persistent: bool = False
+    stream_k: bool = False
 
 
 def consumer_warps(tiles: HopperTiles) -> int:
@@ -107,25 +109,27 @@ def _tile_origin(tile, grid_m, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOC
 
 
 @gluon.jit
-def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, tiles, tile_step, grid_m,
-                 k_start, steps, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The producer: for each of the program's tiles (first_tile, + tile_step, ... below tiles),
-    its steps' x, tail (TAIL_M > 0) and w tiles (columns k_start + s * BLOCK_K on), the program's
-    i-th step into stage i % NUM_STAGES once its last reader freed it (a fresh barrier passes the
-    first round's wait). Past M, N or K the TMA fills zeros, as the Triton kernel's masked loads do."""
+def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_unit, units, unit_step,
+                 per_tile, grid_m, k_start, k_chunk, steps, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The producer: for each of the program's units (first_unit, + unit_step, ... below units;
+    unit u is chunk u % per_tile of tile u // per_tile, its columns from k_start + that chunk times
+    k_chunk), its steps' x, tail (TAIL_M > 0) and w tiles, the program's i-th step into stage
+    i % NUM_STAGES once its last reader freed it (a fresh barrier passes the first round's wait).
+    Past M, N or K the TMA fills zeros, as the Triton kernel's masked loads do."""
     if TAIL_M > 0:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + xt_desc.block_type.nbytes + w_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
     i = 0
-    for tile in range(first_tile, tiles, tile_step):
-        row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+    for u in range(first_unit, units, unit_step):
+        row0, col0 = _tile_origin(u // per_tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+        k_first = k_start + (u % per_tile) * k_chunk
         for s in range(steps):
             stage = i % NUM_STAGES
             mbarrier.wait(free.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(stage), nbytes)
-            k = k_start + s * BLOCK_K
+            k = k_first + s * BLOCK_K
             tma.async_copy_global_to_shared(x_desc, [row0, k], ready.index(stage), x_smem.index(stage))
             if TAIL_M > 0:
                 tma.async_copy_global_to_shared(xt_desc, [row0 + BLOCK_M, k], ready.index(stage),
@@ -249,6 +253,38 @@ def _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_p
 
 
 @gluon.jit
+def _store_partial(plane_ptr, acc, acc_tail, row0, col0, M, N, layout: gl.constexpr, tail_layout: gl.constexpr,
+                   BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, SWAP_AB: gl.constexpr):
+    """A tile's (and tail's) fp32 partial into its workspace plane (rows of N floats)."""
+    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
+    gl.store(plane_ptr + rows * N + cols, acc, mask=inside)
+    if TAIL_M > 0:
+        rows, cols, inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
+        gl.store(plane_ptr + rows * N + cols, acc_tail, mask=inside)
+
+
+@gluon.jit
+def _sum_tiles(partial_ptr, out_ptr, row0, col0, M, N, stride_om, stride_ps, planes, layout: gl.constexpr,
+               tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               SWAP_AB: gl.constexpr):
+    """_sum_planes for a tile and its tail: `planes` planes from partial_ptr's, in order, into out."""
+    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
+    _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, planes)
+    if TAIL_M > 0:
+        rows, cols, inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
+        _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, planes)
+
+
+@gluon.jit
+def _prefix_end(first, splits, units, programs):
+    """How many of a tile's chunks (units first .. first + splits - 1) the program holding its first
+    unit holds, the programs' runs being [p * units // programs, (p + 1) * units // programs): the
+    Triton kernel's _prefix_end, which a Gluon function cannot call."""
+    holder = ((first + 1) * programs + units - 1) // units - 1
+    return gl.minimum(((holder + 1) * units) // programs, first + splits) - first
+
+
+@gluon.jit
 def _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, splits, tile, grid_m,
                  layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, WORKSPACE: gl.constexpr, SWAP_AB: gl.constexpr):
@@ -256,20 +292,14 @@ def _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, st
     partial stored in its plane, and the program completing the tile's count sums the planes."""
     acc, acc_tail = results
     row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
-    rows, cols, inside = _tile_index(row0, col0, M, N, BLOCK_M, BLOCK_N, layout, SWAP_AB)
-    if TAIL_M > 0:
-        tail_rows, tail_cols, tail_inside = _tile_index(row0 + BLOCK_M, col0, M, N, TAIL_M, BLOCK_N, tail_layout, True)
     if WORKSPACE:
-        plane = partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps
-        gl.store(plane + rows * N + cols, acc, mask=inside)
-        if TAIL_M > 0:
-            gl.store(plane + tail_rows * N + tail_cols, acc_tail, mask=tail_inside)
+        _store_partial(partial_ptr + gl.program_id(2).to(gl.int64) * stride_ps, acc, acc_tail, row0, col0, M, N,
+                       layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
         counter = counter_ptr + tile  # the Triton kernel's order: (pid_n, pid_m)
         gl.thread_barrier()  # every thread's share of the partial stored before the count says it is
         if gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            _sum_planes(partial_ptr, out_ptr, rows, cols, inside, N, stride_om, stride_ps, splits)
-            if TAIL_M > 0:
-                _sum_planes(partial_ptr, out_ptr, tail_rows, tail_cols, tail_inside, N, stride_om, stride_ps, splits)
+            _sum_tiles(partial_ptr, out_ptr, row0, col0, M, N, stride_om, stride_ps, splits, layout, tail_layout,
+                       BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
             gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next product
     else:
         _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
@@ -277,10 +307,70 @@ def _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, st
 
 
 @gluon.jit
+def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, counter_ptr, M, N, stride_om,
+                    stride_ps, start, end, total_units, splits, grid_m, chunk_steps, layout: gl.constexpr,
+                    tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
+    """The consumers of a stream-K program: units start .. end - 1 (unit u: chunk u % splits of tile
+    u // splits), each chunk from zero, as the Triton kernel's _stream_k_kernel takes them. A tile
+    whose chunks all fall here is folded in chunk order and stored; a cut one: the piece holding
+    its first chunks stores their fold in the plane of its last chunk, every other piece each
+    chunk in its own plane, and the piece completing the tile's count (acquire-release) adds the
+    prefix and the later planes in order. The same fp32 operations as the workspace tiling's.
+    (A barrier in a partition syncs its own warps only: triton lowers it to a named barrier.)"""
+    if SWAP_AB:
+        total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout)
+    else:
+        total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+    if TAIL_M > 0:
+        total_tail = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_layout)
+    else:
+        total_tail = total
+    first = 0
+    for u in range(start, end):
+        tile, c = u // splits, u % splits
+        acc, acc_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout, tail_layout,
+                                        BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+        first += chunk_steps
+        if c == 0:
+            total = acc
+            if TAIL_M > 0:
+                total_tail = acc_tail
+        else:
+            total = total + acc
+            if TAIL_M > 0:
+                total_tail = total_tail + acc_tail
+        row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
+        holds_first = tile * splits >= start
+        piece_ends = (c == splits - 1) | (u == end - 1)
+        if holds_first and c == splits - 1:  # the whole tile in this program
+            _store_out(out_ptr, total, total_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M,
+                       BLOCK_N, SWAP_AB)
+        else:
+            plane = partial_ptr + c.to(gl.int64) * stride_ps
+            if not holds_first:
+                _store_partial(plane, acc, acc_tail, row0, col0, M, N, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
+                               SWAP_AB)
+            elif piece_ends:
+                _store_partial(plane, total, total_tail, row0, col0, M, N, layout, tail_layout, BLOCK_M, TAIL_M,
+                               BLOCK_N, SWAP_AB)
+            if piece_ends:
+                counted = gl.where(holds_first, c + 1, u - start + 1)
+                gl.thread_barrier()  # every thread's share stored before the count says it is
+                if gl.atomic_add(counter_ptr + tile, counted, sem="acq_rel", scope="gpu") == splits - counted:
+                    prefix = _prefix_end(tile * splits, splits, total_units, gl.num_programs(0))
+                    _sum_tiles(partial_ptr + (prefix - 1).to(gl.int64) * stride_ps, out_ptr, row0, col0, M, N,
+                               stride_om, stride_ps, splits - prefix + 1, layout, tail_layout, BLOCK_M, TAIL_M,
+                               BLOCK_N, SWAP_AB)
+                    gl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next product
+    return ()
+
+
+@gluon.jit
 def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk,
                    splits, grid_m, grid_n, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr,
-                   SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr):
+                   SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
     """out = x @ w^T in (BLOCK_M + TAIL_M, BLOCK_N) tiles of a grid_m x grid_n grid, M fastest
     (programs launched together share a weight tile in L2, as in the Triton kernel): one per
     program along axes 0 and 1, or (PERSISTENT, a program per SM on axis 0) tiles pid, pid +
@@ -289,13 +379,14 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     partial stored in partial_ptr's plane (rows of N floats, planes stride_ps apart); the program
     whose partial arrives last at its tile (counter_ptr: one int32 per tile, zero between products)
     adds the planes in order 0 .. splits - 1, casts, stores and zeroes the counter, as the Triton
-    kernel's workspace tilings do. xt_desc: the tail's rows (x_desc where TAIL_M = 0)."""
-    if PERSISTENT:
-        first_tile, tiles, tile_step = gl.program_id(0), grid_m * grid_n, gl.num_programs(0)
-    else:
-        first_tile = gl.program_id(1) * grid_m + gl.program_id(0)
-        tiles, tile_step = first_tile + 1, 1
+    kernel's workspace tilings do. STREAM_K (a program per SM on axis 0, WORKSPACE): equal runs of
+    the product's (tile, chunk) units instead (_stream_k_units). xt_desc: the tail's rows (x_desc
+    where TAIL_M = 0)."""
     chunk_steps = k_chunk // BLOCK_K
+    first_tile = gl.program_id(1) * grid_m + gl.program_id(0)  # a one-tile program's
+    total_units = grid_m * grid_n * splits  # stream-K's
+    start = (gl.program_id(0) * total_units) // gl.num_programs(0)
+    end = ((gl.program_id(0) + 1) * total_units) // gl.num_programs(0)
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     if TAIL_M > 0:
@@ -314,15 +405,32 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
                                                      instr_shape=[16, n_side, 16])
     tail_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, TAIL_M if TAIL_M > 0 else 16, 16])
-    k_start = gl.program_id(2) * k_chunk  # axis 2 is one program wide unless WORKSPACE
-    results = gl.warp_specialize([
-        (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile, tiles,
-                            tile_step, grid_m, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES,
-                            CHUNKS, SWAP_AB, PERSISTENT)),
-        (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, tiles, tile_step,
-                        grid_m, k_start, CHUNKS * chunk_steps, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    if not PERSISTENT:
+    if STREAM_K:
+        gl.warp_specialize([
+            (_stream_k_units, (x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, counter_ptr, M, N, stride_om,
+                               stride_ps, start, end, total_units, splits, grid_m, chunk_steps, layout, tail_layout,
+                               BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)),
+            (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, start, end, 1, splits,
+                            grid_m, 0, k_chunk, chunk_steps, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    elif PERSISTENT:
+        gl.warp_specialize([
+            (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, gl.program_id(0),
+                                grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout, tail_layout, BLOCK_M,
+                                TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, True)),
+            (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, gl.program_id(0),
+                            grid_m * grid_n, gl.num_programs(0), 1, grid_m, 0, k_chunk, CHUNKS * chunk_steps, BLOCK_M,
+                            TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    else:
+        results = gl.warp_specialize([
+            (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile,
+                                first_tile + 1, 1, grid_m, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
+                                NUM_STAGES, CHUNKS, SWAP_AB, False)),
+            (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, first_tile + 1,
+                            1, 1, grid_m, gl.program_id(2) * k_chunk, k_chunk, CHUNKS * chunk_steps, BLOCK_M, TAIL_M,
+                            BLOCK_N, BLOCK_K, NUM_STAGES)),  # axis 2 is one program wide unless WORKSPACE
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
         _finish_tile(results, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, splits, first_tile, grid_m,
                      layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, WORKSPACE, SWAP_AB)
 
@@ -356,18 +464,19 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
                                   or partials.stride()[1:] != (n, 1) or counters.dtype != torch.int32):
         raise ValueError(f"hopper_matmul: a workspace is fp32 [S, {m}, {n}] planes and int32 counters, not "
                          f"{partials.dtype} {tuple(partials.shape)} and {counters.dtype}")
-    if workspace is not None and tiles.persistent:
-        raise ValueError("hopper_matmul: a persistent blocking sums a split's chunks in the program, not through a "
-                         "workspace")
+    if (workspace is not None and tiles.persistent) or (workspace is None and tiles.stream_k):
+        raise ValueError("hopper_matmul: a persistent blocking sums a split's chunks in the program, a stream-K one "
+                         "through a workspace, not the other way")
     splits = partials.shape[0] if workspace is not None else 1
     x_desc, xt_desc, w_desc = descriptors(x, weight, tiles)
     grid_m, grid_n = triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n)
-    grid = (min(grid_m * grid_n, _sms(x.device)), 1, 1) if tiles.persistent else (grid_m, grid_n, splits)
+    grid = ((min(grid_m * grid_n * (splits if tiles.stream_k else 1), _sms(x.device)), 1, 1)
+            if tiles.persistent or tiles.stream_k else (grid_m, grid_n, splits))
     _matmul_kernel[grid](x_desc, xt_desc, w_desc, out, partials, counters, m, n, out.stride(0), partials.stride(0),
                          k_chunk, splits, grid_m, grid_n, BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m,
                          BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
                          WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent,
-                         num_warps=consumer_warps(tiles))
+                         STREAM_K=tiles.stream_k, num_warps=consumer_warps(tiles))
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

@@ -239,10 +239,12 @@ def test_warp_specialization_without_tma_loads_with_a_tail_tile_or_a_workspace_i
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, tma=True), Tiles(64, 64, 32, 4, 3, split_k=2, tma=True),
                                    Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, split_in_program=True),
                                    Tiles(32, 64, 32, 4, 3, split_k=2, tma=True, tail_m=16, swap_ab=True),
-                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, split_in_program=True, persistent=True)])
+                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, split_in_program=True, persistent=True),
+                                   Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, stream_k=True)])
 def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_cannot(tiles):
     """On the CPU (and for a per-head product anywhere) a gluon blocking is this kernel's own TMA
-    tiling, split or not, swapped with a tail or persistent too: the same bits as without the flag."""
+    tiling, split or not, swapped with a tail, persistent or stream-K too: the same bits as without
+    the flag."""
     gen = torch.Generator().manual_seed(5)
     x, w = random((70, 136), torch.float32, gen), random((72, 136), torch.float32, gen, 136 ** -0.5)
     assert torch.equal(batch_invariant_linear(x, w, tiles._replace(gluon=True)), batch_invariant_linear(x, w, tiles))
@@ -323,8 +325,7 @@ def test_stream_k_gives_the_workspace_tilings_bits_however_its_runs_cut_the_tile
 
 @pytest.mark.parametrize("tiles", [split_tiles(2)._replace(stream_k=True, persistent=True),
                                    split_tiles(2)._replace(stream_k=True, split_in_program=True),
-                                   split_tiles(2)._replace(stream_k=True, tma=True, warp_specialize=True),
-                                   Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, stream_k=True, gluon=True)])
+                                   split_tiles(2)._replace(stream_k=True, tma=True, warp_specialize=True)])
 def test_a_stream_k_blocking_with_a_grid_or_split_of_its_own_is_refused(tiles):
     with pytest.raises(ValueError, match="a stream_k blocking runs its own grid"):
         batch_invariant_linear(torch.zeros(4, 64), torch.zeros(64, 64), tiles)
@@ -699,11 +700,11 @@ def test_k2_split_k_bf16_matches_float64_and_is_batch_invariant_on_gpu(shape, ti
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, tiles", K2_SPLITS)
 def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, tiles):
-    """The tuner's stream-K blockings (its first, the base's own, through pointers; then TMA, wider
-    and swapped tiles) on 132 SMs: every row at each decode M bit-identical to the workspace
-    tiling's in the full batch, and every tile counter back at zero. A blocking whose stages do not
-    fit the SM's shared memory at this BLOCK_K is skipped, as the tuner skips it; the base's own
-    always fits."""
+    """The tuner's stream-K blockings (its first, the base's own, through pointers; then TMA, wider,
+    swapped and tailed tiles, and the Gluon kernel's) on 132 SMs: every row at each decode M
+    bit-identical to the workspace tiling's in the full batch, and every tile counter back at zero.
+    A blocking whose stages do not fit the SM's shared memory at this BLOCK_K is skipped, as the
+    tuner skips it; the base's own always fits."""
     from triton.runtime.errors import OutOfResources
     n, k = shape
     gen = torch.Generator(device=DEVICE).manual_seed(n + k + tiles.split_k + 3)
@@ -716,6 +717,10 @@ def test_k2_split_tilings_run_stream_k_with_the_workspaces_bits_on_gpu(shape, ti
         try:
             batch_invariant_linear(x[:1], w, streamed)
         except OutOfResources:
+            continue
+        except ValueError as error:  # the Gluon kernel's ring past shared memory (hopper.fits)
+            if "cannot run" not in str(error):
+                raise
             continue
         ran.append(blocking)
         for m in DECODE_ROWS:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import triton_kernels.batch_invariant_matmul as gemm
+import triton_kernels.batch_invariant_matmul_hopper as hopper
 from tests.triton_kernels.test_batch_invariant_matmul import DECODE_ROWS, K2_SHAPES, random, relative_error
 from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear, batch_invariant_per_head
 from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul
@@ -25,6 +26,8 @@ SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 
            HopperTiles(64, 128, 64, 6, 0, True)]
 # Persistent (a program per SM over the tiles, each stored by the consumers), split in the program too.
 PERSISTENT = [(CONFIGS[0], 1), (CONFIGS[1], 2), (SWAPPED[0], 1), (SWAPPED[2], 2)]
+# Stream-K (a program per SM over (tile, chunk) units, cut tiles through the workspace).
+STREAMED = [CONFIGS[1], CONFIGS[0], SWAPPED[0], SWAPPED[1]]
 UNSPLIT = CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunks in PERSISTENT if chunks == 1]
 
 COMPILE_FOR_HOPPER = """
@@ -35,12 +38,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, consumer_warps, descriptors
-tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True", sys.argv[9] == "True")
+tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True", sys.argv[9] == "True", sys.argv[10] == "True")
 x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
 x_desc, xt_desc, w_desc = descriptors(x, w, tiles)
 constants = dict(BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                  NUM_STAGES=tiles.num_stages, CHUNKS=int(sys.argv[7]), WORKSPACE=sys.argv[8] == "True",
-                 SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent)
+                 SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent, STREAM_K=tiles.stream_k)
 signature = {"x_desc": mangle_type(x_desc), "xt_desc": mangle_type(xt_desc), "w_desc": mangle_type(w_desc),
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32",
              "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32", "grid_m": "i32", "grid_n": "i32",
@@ -57,7 +60,8 @@ print(ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.acq_rel.add"), co
 @pytest.mark.parametrize("tiles, chunks, workspace", [(tiles, 1, False) for tiles in CONFIGS + SWAPPED]
                          + [(HopperTiles(64, 128, 64, 6), 2, False), (HopperTiles(128, 128, 64, 4), 4, False),
                             (HopperTiles(128, 256, 64, 3), 1, True), (SWAPPED[0], 2, False), (SWAPPED[1], 1, True)]
-                         + [(tiles._replace(persistent=True), chunks, False) for tiles, chunks in PERSISTENT])
+                         + [(tiles._replace(persistent=True), chunks, False) for tiles, chunks in PERSISTENT]
+                         + [(tiles._replace(stream_k=True), 1, True) for tiles in STREAMED])
 def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
     unrolled), twice with a tail, one acquire-release tile count for a workspace, and the ring
@@ -65,7 +69,7 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     its own."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles[:6]), str(chunks), str(workspace),
-                           str(tiles.persistent)],
+                           str(tiles.persistent), str(tiles.stream_k)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     mmas, counts, shared = map(int, done.stdout.split()[-3:])
@@ -114,9 +118,9 @@ SPLIT_BLOCKINGS = [dict(block_m=64, block_n=128, num_warps=4, num_stages=6),
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k > 1])
 def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monkeypatch):
     """A split tiling run by the Gluon kernel (swapped with a tail too), its chunks summed through the
-    workspace or (tiles up to 128 x 128) in the program, persistent too: every row at every decode
-    M equals the Triton kernel's same row inside the full batch, which is a float64 product to
-    bf16's error; the tile counters end at 0."""
+    workspace or (tiles up to 128 x 128) in the program, persistent too, or stream-K on 132 SMs and
+    on 7: every row at every decode M equals the Triton kernel's same row inside the full batch,
+    which is a float64 product to bf16's error; the tile counters end at 0."""
     runs = []
     monkeypatch.setattr(gemm, "hopper_matmul", lambda *args: (runs.append(args[3]), hopper_matmul(*args)))
     gen = torch.Generator(device="cuda").manual_seed(n + k)
@@ -129,10 +133,16 @@ def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monk
                 for blocking in SPLIT_BLOCKINGS for in_program in (False, True)
                 if not in_program or blocking["block_m"] * blocking["block_n"] <= 128 * 128]
     variants += [tiles._replace(persistent=True) for tiles in variants if tiles.split_in_program]
+    variants += [base._replace(**blocking, tma=True, gluon=True, stream_k=True) for blocking in SPLIT_BLOCKINGS]
     for tiles in variants:
         for m in DECODE_ROWS:
             assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m)
-    assert len(runs) == len(variants) * len(DECODE_ROWS)
+    streamed = [tiles for tiles in variants if tiles.stream_k]
+    monkeypatch.setattr(hopper, "_sms", lambda device: 7)  # runs that cut most tiles, at odd places
+    for tiles in streamed:
+        for m in DECODE_ROWS:
+            assert torch.equal(batch_invariant_linear(x[:m], w, tiles), full[:m]), (tiles, m, "7 programs")
+    assert len(runs) == (len(variants) + len(streamed)) * len(DECODE_ROWS)
     assert not gemm._COUNTERS[x.device][-1].any()
 
 

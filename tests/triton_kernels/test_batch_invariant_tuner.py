@@ -308,11 +308,15 @@ def test_the_stream_k_pass_runs_for_split_tilings_only_and_wins_where_fastest(mo
                          cost=lambda b, m: 0.5 if b.stream_k and b.block_m == 128 and m >= 544 else 1.0)
     for m in tuner.ROWS:
         streamed = [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["stream_k"]]
-        assert streamed and all(not (b.persistent or b.split_in_program or b.gluon) for b in streamed)
+        assert streamed and all(not (b.persistent or b.split_in_program) for b in streamed) and not streamed[0].gluon
         widest = 1 << (m - 1).bit_length()
-        assert {(b.block_m, b.tail_m) for b in streamed[1:]} == {
+        assert {(b.block_m, b.tail_m) for b in streamed[1:] if not b.gluon} == {
             (t[0], t[5]) for t in tuner.STREAM_K_BLOCKINGS if (t[0] < m if t[5] else t[0] <= max(64, widest))}
-        assert (m > 128) == ((128, 16) in {(b.block_m, b.tail_m) for b in streamed[1:]})
+        assert (m > 128) == ((128, 16) in {(b.block_m, b.tail_m) for b in streamed[1:] if not b.gluon})
+        gluon = {(b.block_m, b.tail_m, b.block_n, b.num_stages, b.swap_ab) for b in streamed if b.gluon}
+        assert gluon == {t for t in tuner.GLUON_STREAM_K_TILES
+                         if (t[0] < m <= tuner.SWAP_UP_TO_M if t[1] else t[0] <= max(64, widest))}
+        assert all(b.num_warps == (b.block_n if b.swap_ab else b.block_m) // 16 for b in streamed if b.gluon)
     picked = with_blocking(split, ranges, 1088)
     assert picked.stream_k and picked.block_m == 128 and not with_blocking(split, ranges, 136).stream_k
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
