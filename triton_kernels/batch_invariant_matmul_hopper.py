@@ -224,16 +224,18 @@ def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride
     """The consumers. One tile (not PERSISTENT): its fp32 tile and tail, returned for the kernel's
     epilogue (warp_specialize returns the default partition's results as one tuple). PERSISTENT:
     each of the program's tiles multiplied and stored here, while the producer fills the stages
-    its MMAs freed with the next tile's first steps; nothing returned."""
+    its MMAs freed with the next tile's first steps; nothing returned. A tile's first step is
+    computed from the loop index: a `first = 0` counter added to in the loop was not carried by
+    triton 3.6 (the IR's inner loops all began at step 0), so a program's second tile waited on
+    barrier phases already passed, and on the H200 every program holding two tiles hung."""
     if PERSISTENT:
-        first = 0
         for tile in range(first_tile, tiles, tile_step):
+            first = (tile - first_tile) // tile_step * (CHUNKS * chunk_steps)
             acc, acc_tail = _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout,
                                            tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
             row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
             _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M,
                        BLOCK_N, SWAP_AB)
-            first += CHUNKS * chunk_steps
         return ()
     else:
         return _multiply_tile(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
@@ -326,12 +328,10 @@ def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, 
         total_tail = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_layout)
     else:
         total_tail = total
-    first = 0
     for u in range(start, end):
         tile, c = u // splits, u % splits
-        acc, acc_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout, tail_layout,
-                                        BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
-        first += chunk_steps
+        acc, acc_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, (u - start) * chunk_steps, chunk_steps,
+                                        layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
         if c == 0:
             total = acc
             if TAIL_M > 0:

@@ -53,7 +53,8 @@ attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for 
 compiled = triton.compile(GluonASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": consumer_warps(tiles)})
 ptx = compiled.asm["ptx"]
-print(ptx.count("wgmma.mma_async"), ptx.count("atom.global.gpu.acq_rel.add"), compiled.metadata.shared)
+print(compiled.asm["ttgir"].count("scf.for %i = %c0_i32 "), ptx.count("wgmma.mma_async"),
+      ptx.count("atom.global.gpu.acq_rel.add"), compiled.metadata.shared)
 """
 
 
@@ -66,13 +67,16 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
     unrolled), twice with a tail, one acquire-release tile count for a workspace, and the ring
     (stages x the tiles) within the H200's shared memory, compiled for sm_90 here in a process of
-    its own."""
+    its own. A program over several tiles or units (persistent, stream-K) starts each one's K loop
+    at that unit's own step, never at a constant 0 (the IR's loop over `i`): on 2026-12-04 a
+    counter triton did not carry left every such loop at 0, and the kernel hung on the H200."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles[:6]), str(chunks), str(workspace),
                            str(tiles.persistent), str(tiles.stream_k)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    mmas, counts, shared = map(int, done.stdout.split()[-3:])
+    from_zero, mmas, counts, shared = map(int, done.stdout.split()[-4:])
+    assert from_zero == (0 if tiles.persistent or tiles.stream_k else 1)
     assert mmas == chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
     ring = tiles.num_stages * (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * 2
     assert ring <= shared <= SMEM_BYTES
