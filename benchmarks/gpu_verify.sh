@@ -32,6 +32,7 @@
 #   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2, 4 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
 #   bash benchmarks/gpu_verify.sh OUT 17  # --passes gluon: kv_b, lm_head, q_b; then the Gluon kernel's gpu tests
 #   bash benchmarks/gpu_verify.sh OUT 18  # --passes gluon: the other four shapes with M = 544-1,088 misses
+#   bash benchmarks/gpu_verify.sh OUT 19  # the Gluon kernel's programs over several tiles (gluon_multi_tile.py), then its gpu tests: first
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -58,7 +59,7 @@
 # stream-K, swapped or not), one-tile ones bit-identical: fixed at 82a9b87 (the K loops' start
 # was not carried), not yet re-run; parts 16 and 18 not yet run).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-18)}
+out=${1:?OUT} part=${2:?PART (1-19)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -178,6 +179,12 @@ case $part in
          > "$out/gpu_tests_hopper.txt" 2>&1
        tail -3 "$out/gpu_tests_hopper.txt"
      fi ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 18, not $part" >&2; exit 2 ;;
+  19) timeout 300 python3 benchmarks/gluon_multi_tile.py --out "$out/gluon_multi_tile.json" > "$out/gluon_multi_tile.log" 2>&1
+     cat "$out/gluon_multi_tile.log"
+     grep -qE " (hung|NO|error)( |$)" "$out/gluon_multi_tile.log" && exit 1  # the tests would hang on the same programs
+     timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul_hopper.py \
+       > "$out/gpu_tests_hopper.txt" 2>&1
+     tail -3 "$out/gpu_tests_hopper.txt" ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 19, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"
