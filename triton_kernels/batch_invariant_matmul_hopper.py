@@ -139,18 +139,29 @@ def _load_stages(x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, 
 
 
 @gluon.jit
-def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: gl.constexpr,
-                    tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
-    """Steps first .. first + steps - 1 on fp32 accumulators from zero, one MMA per step and tile
-    in step order (swapped: w x^T, [BLOCK_N, rows]), the step before's stage freed once its MMAs
-    are done; returned once all are done, as (tile, tail) (no tail: the tile twice)."""
+def _zeros(layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr,
+           BLOCK_N: gl.constexpr, SWAP_AB: gl.constexpr):
+    """A tile's and its tail's fp32 accumulators at zero (swapped: [BLOCK_N, rows]; no tail: the
+    tile's twice)."""
     if SWAP_AB:
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout)
     else:
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
     if TAIL_M > 0:
         acc_tail = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_layout)
+    else:
+        acc_tail = acc
+    return acc, acc_tail
+
+
+@gluon.jit
+def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: gl.constexpr,
+                    tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
+    """Steps first .. first + steps - 1 on fp32 accumulators from zero, one MMA per step and tile
+    in step order (swapped: w x^T, [BLOCK_N, rows]), the step before's stage freed once its MMAs
+    are done; returned once all are done, as (tile, tail) (no tail: the tile twice)."""
+    acc, acc_tail = _zeros(layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
     for i in range(first, first + steps):
         stage = i % NUM_STAGES
         mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
@@ -320,14 +331,7 @@ def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, 
     chunk in its own plane, and the piece completing the tile's count (acquire-release) adds the
     prefix and the later planes in order. The same fp32 operations as the workspace tiling's.
     (A barrier in a partition syncs its own warps only: triton lowers it to a named barrier.)"""
-    if SWAP_AB:
-        total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout)
-    else:
-        total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-    if TAIL_M > 0:
-        total_tail = gl.zeros([BLOCK_N, TAIL_M], gl.float32, tail_layout)
-    else:
-        total_tail = total
+    total, total_tail = _zeros(layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
     for u in range(start, end):
         tile, c = u // splits, u % splits
         acc, acc_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, (u - start) * chunk_steps, chunk_steps,
