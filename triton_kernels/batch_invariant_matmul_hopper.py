@@ -370,7 +370,11 @@ def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, 
     return ()
 
 
-@gluon.jit
+# One compile a tiling serves every M, as the Triton kernel's do: left to specialize, M and grid_m
+# would pick among up to five compiles by their values (1, a multiple of 16, other), each compile
+# seconds long in the tuner, the tests and a serving engine's first steps. They place the tiles and
+# mask the stores, never order the MMAs: the bits do not depend on the compile.
+@gluon.jit(do_not_specialize=["M", "grid_m"])
 def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk,
                    splits, grid_m, grid_n, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr,
