@@ -44,7 +44,7 @@ blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program; swapped ones,
 GLUON_SWAPPED_TILES, up to M = 1,088; then its fastest that needs no workspace as a persistent
-grid). Beside the base's own
+grid), from M = GLUON_FROM_M up. Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -152,6 +152,12 @@ GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 
 # rows. Not tried: 256 + 16 rows over 256 weight rows on four groups, whose accumulators ptxas
 # cannot fit in the registers (compiled for sm_90 here).
 GLUON_SWAPPED_TILES = [(128, 16, 64, 6), (128, 16, 128, 4), (256, 16, 64, 5), (256, 16, 128, 4)]
+# The first M the Gluon kernel's blockings are tried at (the Gluon pass, and its stream-K tiles):
+# below it every pick is the Triton kernel's (its swapped 16-64-row tiles since `_16.json` beat the
+# Gluon picks `_13.json` had made at M = 17 on the shared down and lm_head; the Gluon MMA's M side
+# pads to 64 rows), every point there meets the goal, and each Gluon compile costs seconds of
+# device time.
+GLUON_FROM_M = 136
 # The swapped pass (Blocking.swap_ab): the rows on the MMA's N side, whose width steps by 8 where
 # the M side's steps by 64 rows a warp group (a 16-row tile there runs the older mma.sync), so
 # 136 rows run as 128 + 16 at the cost of 144, 544 and 1,088 as 2 and 4 tiles of 256 + 16, none
@@ -288,8 +294,9 @@ def swapped_blockings(m: int, widest: int) -> list[Blocking]:
 def stream_k_blockings(best: Blocking, m: int, widest: int) -> list[Blocking]:
     """The stream-K pass at M: `best` as stream-K in the Triton kernel (what it cannot keep dropped:
     its persistent flag, in-program split, warp specialization, Gluon kernel), then
-    STREAM_K_BLOCKINGS and GLUON_STREAM_K_TILES no wider than M needs (64 rows always), the tailed
-    ones where M passes their row tile (and, in the Gluon kernel, up to SWAP_UP_TO_M)."""
+    STREAM_K_BLOCKINGS and (from GLUON_FROM_M) GLUON_STREAM_K_TILES no wider than M needs (64 rows
+    always), the tailed ones where M passes their row tile (and, in the Gluon kernel, up to
+    SWAP_UP_TO_M)."""
     own = best._replace(persistent=False, split_in_program=False, warp_specialize=False, gluon=False, stream_k=True)
     triton_tiles = [Blocking(block_m, block_n, warps, stages, tma=True, tail_m=tail, swap_ab=swap, stream_k=True)
                     for block_m, block_n, warps, stages, swap, tail in STREAM_K_BLOCKINGS
@@ -297,7 +304,7 @@ def stream_k_blockings(best: Blocking, m: int, widest: int) -> list[Blocking]:
     gluon_tiles = [Blocking(block_m, block_n, (block_n if swap else block_m) // 16, stages, tma=True, tail_m=tail,
                             gluon=True, swap_ab=swap, stream_k=True)
                    for block_m, tail, block_n, stages, swap in GLUON_STREAM_K_TILES
-                   if (block_m < m <= SWAP_UP_TO_M if tail else block_m <= max(64, widest))]
+                   if m >= GLUON_FROM_M and (block_m < m <= SWAP_UP_TO_M if tail else block_m <= max(64, widest))]
     return [own] + triton_tiles + gluon_tiles
 
 
@@ -365,7 +372,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
         run("persistent", [(fastest() or blocking_of(base))._replace(persistent=True)])
         if base.split_k > 1:
             run("stream_k", stream_k_blockings(fastest() or blocking_of(base), m, widest))
-        run("gluon", gluon_blockings(base, m, widest))
+        if m >= GLUON_FROM_M:
+            run("gluon", gluon_blockings(base, m, widest))
         gluon_pick = fastest(lambda b: b.gluon and (base.split_k == 1 or b.split_in_program))  # no workspace
         if gluon_pick is not None:
             run("gluon", [gluon_pick._replace(persistent=True)])  # its tiles' epilogues under the next loads

@@ -243,7 +243,9 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
 
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
                          cost=lambda b, m: 0.5 if b.gluon and b.block_m == 128 and m >= 544 else 1.0)
-    for m in tuner.ROWS:
+    below = [m for m in tuner.ROWS if m < tuner.GLUON_FROM_M]
+    assert below and not any(e["blocking"]["gluon"] for e in tried if e["m"] in below)
+    for m in [m for m in tuner.ROWS if m >= tuner.GLUON_FROM_M]:
         tiles = gluon_at(tried, m, "block_m", "block_n", "num_stages")
         assert tiles == {t for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
         swapped = swapped_at(tried, m)
@@ -261,7 +263,8 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
     split = BASE._replace(split_k=2)
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=split,
                          cost=lambda b, m: 0.5 if b.gluon and b.split_in_program and m >= 544 else 1.0)
-    for m in tuner.ROWS:
+    assert not any(e["blocking"]["gluon"] for e in tried if e["m"] < tuner.GLUON_FROM_M)
+    for m in [m for m in tuner.ROWS if m >= tuner.GLUON_FROM_M]:
         tiles = {t[:2] for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
         assert gluon_at(tried, m, "block_m", "block_n", "split_in_program") == (
             {(*t, False) for t in tiles} | {(*t, True) for t in tiles if t[0] * t[1] <= 128 * 128})
@@ -314,8 +317,8 @@ def test_the_stream_k_pass_runs_for_split_tilings_only_and_wins_where_fastest(mo
             (t[0], t[5]) for t in tuner.STREAM_K_BLOCKINGS if (t[0] < m if t[5] else t[0] <= max(64, widest))}
         assert (m > 128) == ((128, 16) in {(b.block_m, b.tail_m) for b in streamed[1:] if not b.gluon})
         gluon = {(b.block_m, b.tail_m, b.block_n, b.num_stages, b.swap_ab) for b in streamed if b.gluon}
-        assert gluon == {t for t in tuner.GLUON_STREAM_K_TILES
-                         if (t[0] < m <= tuner.SWAP_UP_TO_M if t[1] else t[0] <= max(64, widest))}
+        assert gluon == {t for t in tuner.GLUON_STREAM_K_TILES if m >= tuner.GLUON_FROM_M
+                         and (t[0] < m <= tuner.SWAP_UP_TO_M if t[1] else t[0] <= max(64, widest))}
         assert all(b.num_warps == (b.block_n if b.swap_ab else b.block_m) // 16 for b in streamed if b.gluon)
     picked = with_blocking(split, ranges, 1088)
     assert picked.stream_k and picked.block_m == 128 and not with_blocking(split, ranges, 136).stream_k
