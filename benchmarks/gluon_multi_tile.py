@@ -54,7 +54,7 @@ CASES = [Case("persistent", "kv_b_proj", 64, 64, 128, 6),  # control: 128 tiles,
          Case("persistent", "kv_b_proj", 1088, 128, 256, 3),
          Case("stream_k", "q_a_proj", 17, 64, 128, 3),  # control
          Case("stream_k", "q_a_proj", 1088, 64, 128, 3),
-         Case("stream_k", "shared expert gate/up", 1088, 128, 128, 2, 16, True)]
+         Case("stream_k", "shared expert gate/up", 1088, 128, 128, 4, 16, True)]
 
 
 def hopper_tiles(case: Case, block_k: int) -> HopperTiles:

@@ -77,11 +77,15 @@ def consumer_warps(tiles: HopperTiles) -> int:
     return (tiles.block_n if tiles.swap_ab else tiles.block_m) // 16
 
 
+def ring_bytes(tiles: HopperTiles, element_size: int = 2) -> int:
+    """The shared memory of the ring: per stage a row tile, its tail and a weight tile of BLOCK_K."""
+    return tiles.num_stages * (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * element_size
+
+
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
     """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address
     (none empty: a descriptor needs every size positive), tile shapes the warpgroup MMA allows, and
-    a ring that fits in shared memory."""
-    stage_bytes = (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * x.element_size()
+    a ring that fits in shared memory (beside the barriers)."""
     mma_shapes = (tiles.block_n in (64, 128, 256)
                   and (tiles.block_m in (16, 32, 64, 128, 256) and tiles.tail_m in (0, 16, 32, 64) if tiles.swap_ab
                        else tiles.block_m in (64, 128, 256) and tiles.tail_m == 0))
@@ -89,7 +93,7 @@ def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
             and weight.numel() > 0 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
-            and mma_shapes and tiles.num_stages * stage_bytes <= SMEM_BYTES - 1024)
+            and mma_shapes and ring_bytes(tiles, x.element_size()) <= SMEM_BYTES - 1024)
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,7 +15,8 @@ import triton_kernels.batch_invariant_matmul as gemm
 import triton_kernels.batch_invariant_matmul_hopper as hopper
 from tests.triton_kernels.test_batch_invariant_matmul import DECODE_ROWS, K2_SHAPES, random, relative_error
 from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear, batch_invariant_per_head
-from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul
+from triton_kernels.batch_invariant_matmul_hopper import (SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul,
+                                                          ring_bytes)
 
 CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
            HopperTiles(64, 128, 64, 6), HopperTiles(256, 128, 64, 4)]
@@ -78,8 +79,7 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     from_zero, mmas, counts, shared = map(int, done.stdout.split()[-4:])
     assert from_zero == (0 if tiles.persistent or tiles.stream_k else 1)
     assert mmas == chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
-    ring = tiles.num_stages * (tiles.block_m + tiles.tail_m + tiles.block_n) * tiles.block_k * 2
-    assert ring <= shared <= SMEM_BYTES
+    assert ring_bytes(tiles) <= shared <= SMEM_BYTES
 
 
 def test_inputs_it_cannot_serve_are_refused_with_a_sentence():

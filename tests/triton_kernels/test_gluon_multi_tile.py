@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gluon_multi_tile import CASES, units_per_program
+from benchmarks.batch_invariant_matmul import SHAPES
+from benchmarks.gluon_multi_tile import CASES, hopper_tiles, units_per_program
+from triton_kernels.batch_invariant_matmul import base_tiles
+from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, ring_bytes
 
 H200_SMS = 132
 
@@ -33,3 +36,10 @@ def test_the_benchmark_refuses_bad_input_with_one_line(args, problem):
                           cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and problem in done.stderr, done.stderr
+
+
+def test_every_cases_ring_fits_the_h200s_shared_memory_at_its_shapes_block_k():
+    """A case that did not fit would come back as an error, not as an answer about its loop."""
+    for case in CASES:
+        n, k = next((n, k) for name, n, k in SHAPES if name == case.shape)
+        assert ring_bytes(hopper_tiles(case, base_tiles(n, k, torch.bfloat16).block_k)) <= SMEM_BYTES - 1024, case
