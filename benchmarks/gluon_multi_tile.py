@@ -57,6 +57,11 @@ CASES = [Case("persistent", "kv_b_proj", 64, 64, 128, 6),  # control: 128 tiles,
          Case("stream_k", "shared expert gate/up", 1088, 128, 128, 4, 16, True)]
 
 
+def shape_of(case: Case) -> tuple[int, int]:
+    """The case's (N, K), from the GEMM benchmark's K2 shapes."""
+    return next((n, k) for name, n, k in SHAPES if name == case.shape)
+
+
 def hopper_tiles(case: Case, block_k: int) -> HopperTiles:
     return HopperTiles(case.block_m, case.block_n, block_k, case.stages, case.tail_m, case.swap_ab,
                        persistent=case.kind == "persistent", stream_k=case.kind == "stream_k")
@@ -64,7 +69,7 @@ def hopper_tiles(case: Case, block_k: int) -> HopperTiles:
 
 def units_per_program(case: Case, sms: int) -> tuple[int, int]:
     """(units, programs): the product's tiles (times its chunks, stream-K) and the grid over them."""
-    n, k = next((n, k) for name, n, k in SHAPES if name == case.shape)
+    n, k = shape_of(case)
     base = base_tiles(n, k, torch.bfloat16)
     units = triton.cdiv(case.m, case.block_m + case.tail_m) * triton.cdiv(n, case.block_n)
     if case.kind == "stream_k":
@@ -74,7 +79,7 @@ def units_per_program(case: Case, sms: int) -> tuple[int, int]:
 
 def run_case(case: Case) -> dict:
     """The child's work: the product, its bits against the one-tile kernel's and the Triton kernel's."""
-    n, k = next((n, k) for name, n, k in SHAPES if name == case.shape)
+    n, k = shape_of(case)
     x, w = inputs(n, k, torch.Generator(device="cuda").manual_seed(n + k))
     base = base_tiles(n, k, torch.bfloat16)
     triton_rows = batch_invariant_linear(x, w, base)[:case.m]
@@ -133,7 +138,8 @@ def main() -> None:
             else:
                 row.update(outcome="error", error=(done.stderr.strip().splitlines() or ["no output"])[-1][:200])
         rows.append(row)
-        tile = f"{case.block_m}{'+' + str(case.tail_m) if case.tail_m else ''}x{case.block_n}{' sw' if case.swap_ab else ''}"
+        tail = f"+{case.tail_m}" if case.tail_m else ""
+        tile = f"{case.block_m}{tail}x{case.block_n}{' sw' if case.swap_ab else ''}"
         said = {None: "-", True: "yes", False: "NO"}
         print(f"{case.kind:>10} {case.shape:>22} {case.m:>5} {tile:>12} {units:>6} {units / programs:>8.1f} "
               f"{row['outcome']:>9} {said[row.get('bits_as_one_tile')]:>8} {said[row.get('bits_as_triton')]:>8}",

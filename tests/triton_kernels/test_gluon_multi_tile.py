@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.batch_invariant_matmul import SHAPES
-from benchmarks.gluon_multi_tile import CASES, hopper_tiles, units_per_program
+from benchmarks.gluon_multi_tile import CASES, hopper_tiles, shape_of, units_per_program
 from triton_kernels.batch_invariant_matmul import base_tiles
 from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, ring_bytes
 
@@ -41,5 +40,5 @@ def test_the_benchmark_refuses_bad_input_with_one_line(args, problem):
 def test_every_cases_ring_fits_the_h200s_shared_memory_at_its_shapes_block_k():
     """A case that did not fit would come back as an error, not as an answer about its loop."""
     for case in CASES:
-        n, k = next((n, k) for name, n, k in SHAPES if name == case.shape)
-        assert ring_bytes(hopper_tiles(case, base_tiles(n, k, torch.bfloat16).block_k)) <= SMEM_BYTES - 1024, case
+        block_k = base_tiles(*shape_of(case), torch.bfloat16).block_k
+        assert ring_bytes(hopper_tiles(case, block_k)) <= SMEM_BYTES - 1024, case
