@@ -8,8 +8,9 @@ concurrency and builder asked.
         [--out benchmarks/results/expert_parallel_cpu.json]
 
 On a machine of several H200s (issue 28): `--model k2-layer --concurrency 32,64 --builders cpu,gpu
---budget 16 --max-new-tokens 32 --requests 64 --ranks 1,2` (or 1,2,4,8), the traces under
---trace-dir exported there.
+--budget 16 --max-new-tokens 32 --requests 64 --ranks 1,2` (or 1,2,4,8) with `--moe-layers` as many
+as one rank's memory holds at the fewest ranks (a k2-layer MoE layer's 384 experts are 33.8 GB of
+bf16, split over the ranks), the traces under --trace-dir exported there.
 
 On the 2-core CPU machines the ranks share the cores (4 ranks: two processes per core), so a
 rank's all-reduce waits for the other ranks' compute as well as moving the bytes: read the
@@ -50,7 +51,7 @@ def measure(ranks: int, concurrency: int, builder: str, args: argparse.Namespace
     result = capture(CaptureRequest(workload=WORKLOAD, concurrency=concurrency,
                                     out=args.trace_dir / f"ranks{ranks}-c{concurrency}-{builder}",
                                     model=args.model, builder=builder, budget=args.budget, requests=args.requests,
-                                    max_new_tokens=args.max_new_tokens, ranks=ranks))
+                                    max_new_tokens=args.max_new_tokens, ranks=ranks, moe_layers=args.moe_layers))
     s = analyse_ranks(processes([result.sqlite])).summary
     crit = s["critical_path"]
     return {
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--builders", default="cpu", help="comma-separated: cpu, gpu (default cpu)")
     parser.add_argument("--budget", type=int, help="the tree budget (default: the engine's)")
     parser.add_argument("--max-new-tokens", type=int, help="(default: the engine's)")
+    parser.add_argument("--moe-layers", type=int, help="MoE layers of a random-weight preset (default: the preset's)")
     parser.add_argument("--trace-dir", type=Path, default=Path("traces/expert-parallel"))
     parser.add_argument("--out", type=Path, default=RESULTS / "expert_parallel_cpu.json")
     args = parser.parse_args()
@@ -99,7 +101,8 @@ def main() -> None:
               f"{draft['crit_ms'] / crit['steps']:>9.2f}")
     write_result(args.out, {"benchmark": "expert_parallel_captures", "machine": describe() | {"cpus": os.cpu_count()},
                             "command": f"ddprof capture --workload {WORKLOAD} --concurrency C --model {args.model} "
-                                       f"--builder B --requests {args.requests} --ranks N", "settings": vars(args)
+                                       f"--builder B --requests {args.requests} --ranks N"
+                                       + (f" --moe-layers {args.moe_layers}" if args.moe_layers else ""), "settings": vars(args)
                             | {"trace_dir": str(args.trace_dir), "out": str(args.out)}, "runs": rows})
 
 

@@ -77,6 +77,7 @@ class CaptureRequest:
     overlap: bool | None = None
     prefill_tokens: int | None = None  # prompt tokens per batched prefill (engine serve --prefill-tokens)
     ranks: int | None = None  # expert-parallel processes: one report holds every rank's process
+    moe_layers: int | None = None  # MoE layers of a random-weight preset (engine serve --moe-layers)
     timeout_s: float = 1800
 
 
@@ -111,7 +112,8 @@ def serve_command(request: CaptureRequest, device: str, summary: Path, progress:
     for flag, value in (("--model", request.model), ("--builder", request.builder),
                         ("--budget", request.budget), ("--requests", request.requests),
                         ("--max-new-tokens", request.max_new_tokens), ("--seed", request.seed),
-                        ("--ranks", request.ranks), ("--prefill-tokens", request.prefill_tokens)):
+                        ("--ranks", request.ranks), ("--moe-layers", request.moe_layers),
+                        ("--prefill-tokens", request.prefill_tokens)):
         if value is not None:
             command += [flag, str(value)]
     for flag, on in (("batch-invariant", request.batch_invariant), ("cuda-graphs", request.cuda_graphs),

@@ -102,6 +102,9 @@ def capture(
     prefill_tokens: int = typer.Option(None, help=PREFILL_TOKENS_HELP, show_default=False),
     ranks: int = typer.Option(None, help="Expert-parallel ranks, one process each (gloo on the CPU, NCCL on CUDA); "
                                          "the report holds every rank's process (default: 1)."),
+    moe_layers: int = typer.Option(None, help="MoE layers after the preset's dense ones, random-weight presets "
+                                              "(k2-layer) only: as deep as the ranks' memory allows (default: the "
+                                              "preset's).", show_default=False),
     out: Path = typer.Option(Path("traces/run"), readable=False, help="Writes OUT.nsys-rep, OUT.sqlite and OUT.json."),
     timeout: float = typer.Option(1800, help="Give up (and leave no files) after this many seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's metadata as one JSON object."),
@@ -115,7 +118,7 @@ def capture(
     request = CaptureRequest(workload=workload, concurrency=concurrency, out=out, model=model, builder=builder,
                              budget=budget, requests=requests, max_new_tokens=max_new_tokens, seed=seed,
                              batch_invariant=batch_invariant, cuda_graphs=cuda_graphs, overlap=overlap,
-                             prefill_tokens=prefill_tokens, ranks=ranks,
+                             prefill_tokens=prefill_tokens, ranks=ranks, moe_layers=moe_layers,
                              timeout_s=timeout)
 
     with progress_bar(counts=True, plain=True) as progress:
@@ -126,7 +129,7 @@ def capture(
                                                    str(result.json_path)]}))
         return
     table = Table(show_header=False)
-    for key in ("model", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
+    for key in ("model", "moe_layers", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
                 "cuda_graphs", "overlap", "overlap_scope", "prefill_token_budget", "prefills", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))

@@ -289,3 +289,18 @@ def preset(name: str) -> Preset:
         raise EngineError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
 
+
+def with_moe_layers(chosen: Preset, moe_layers: int) -> Preset:
+    """`chosen` with `moe_layers` MoE layers after its dense ones (`--moe-layers`): how deep an
+    expert-parallel run can go once each rank holds 1/N of every layer's experts. The drafter keeps
+    its target layers, which must still exist."""
+    dense = chosen.model.first_k_dense_replace
+    if moe_layers < 1:
+        raise EngineError(f"--moe-layers must be at least 1 (got {moe_layers})")
+    layers = dense + moe_layers
+    if max(chosen.drafter.target_layer_ids) >= layers:
+        raise EngineError(f"--moe-layers {moe_layers}: the drafter reads target layer "
+                          f"{max(chosen.drafter.target_layer_ids)}, so it needs at least "
+                          f"{max(chosen.drafter.target_layer_ids) + 1 - dense} MoE layers after the {dense} dense")
+    return dataclasses.replace(chosen, model=dataclasses.replace(chosen.model, num_hidden_layers=layers))
+

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine import arguments, corpus, trained
-from engine.config import PRESETS, preset
+from engine.config import PRESETS, preset, with_moe_layers
 from engine.errors import EngineError
 from engine.expert_parallel import DEFAULT_TIMEOUT_S, ExpertParallel, ExpertShard, from_environment
 from engine.ranks import launch
@@ -71,6 +71,9 @@ def register(subcommands) -> None:
     parser.add_argument("--ranks", type=int, default=None,
                         help="expert-parallel processes (default 1, or torchrun's WORLD_SIZE); each holds 1/N of "
                              "every MoE layer's routed experts")
+    parser.add_argument("--moe-layers", type=int, default=None,
+                        help="MoE layers after the preset's dense ones (default: the preset's; random-weight presets "
+                             "only): as deep as an expert-parallel run's memory allows")
     parser.add_argument("--rank-timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds a rank waits on the others in a collective before it gives up "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
@@ -121,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     arguments.output_file(args.summary, "--summary")
     arguments.output_file(args.progress, "--progress")
     config = preset(args.model)
+    if args.moe_layers is not None:
+        from engine.generate import check_moe_layers
+
+        check_moe_layers(args.model, args.moe_layers)
+        config = with_moe_layers(config, args.moe_layers)
     device = arguments.device(args.device)
     args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device, ranks=ranks)
     args.overlap = arguments.overlap(args.overlap, args.cuda_graphs, ranks=ranks)
@@ -169,7 +177,7 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     with _memory_errors(f"model {args.model} with {min(args.concurrency, len(requests))} cache slots of {max_len} "
                         f"rows on {device}"):
         target, drafter = load_models(args.model, seed=WEIGHT_SEED, device=device, dtype=arguments.dtype(args.dtype),
-                                      parallel=parallel)
+                                      parallel=parallel, moe_layers=args.moe_layers)
         # No more slots than requests: a cache sized by a huge --concurrency would hold nothing.
         engine = Engine(target, drafter, budget=args.budget, builder=args.builder,
                         n_slots=min(args.concurrency, len(requests)), max_len=max_len, device=device,
@@ -188,7 +196,8 @@ def _serve(args: argparse.Namespace, requests: list[Request], max_len: int, devi
     if args.summary and rank == 0:
         _write_json(args.summary, {**_summary(args, requests, result, wall_s, device,
                                               str(target.dtype).removeprefix("torch."), engine.graphs),
-                                   "ranks": parallel.shard.world if parallel else 1})
+                                   "ranks": parallel.shard.world if parallel else 1,
+                                   "moe_layers": target.config.num_hidden_layers - target.config.first_k_dense_replace})
     return 0
 
 

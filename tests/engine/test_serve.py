@@ -14,3 +14,4 @@ def test_serve_runs_in_the_dtype_it_records(tmp_path, option, dtype):
                  "--device", "cpu", "--summary", str(summary), *option]) == 0
     result = json.loads(summary.read_text())
     assert result["dtype"] == dtype and result["generated_tokens"] > 0
+    assert result["moe_layers"] == 1  # tiny: 1 dense + 1 MoE layer
