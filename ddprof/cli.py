@@ -129,8 +129,8 @@ def capture(
                                                    str(result.json_path)]}))
         return
     table = Table(show_header=False)
-    for key in ("model", "moe_layers", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed", "requests",
-                "cuda_graphs", "overlap", "overlap_scope", "prefill_token_budget", "prefills", "generated_tokens",
+    for key in ("model", "moe_layers", "weights", "workload", "concurrency", "ranks", "builder", "budget", "seed",
+                "requests", "cuda_graphs", "overlap", "overlap_scope", "prefill_token_budget", "prefills", "generated_tokens",
                 "steps", "wall_s", "tok_per_s", "device"):
         table.add_row(key, str(result.meta.get(key)))
     console.print(table)

@@ -19,7 +19,7 @@ import json
 import torch
 
 from engine import arguments
-from engine.config import PRESETS, default_drafter, preset, with_moe_layers
+from engine.config import PRESETS, Preset, default_drafter, preset, with_moe_layers
 from engine.drafter import Drafter, build_drafter
 from engine.engine import Engine, RequestResult, rows_per_slot
 from engine.errors import EngineError
@@ -37,11 +37,11 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
                 moe_layers: int | None = None) -> tuple[TargetModel, Drafter]:
     """The target (a preset's trained weights, seeded random ones, or a checkpoint) and its drafter,
     computing in `dtype` (default: the preset's, or the checkpoint's own); under expert parallelism
-    (`parallel`) the target holds this rank's routed experts; `moe_layers` deepens or shortens a
-    preset of random weights (config.with_moe_layers).
+    (`parallel`) the target holds this rank's routed experts; `moe_layers` sets how many MoE layers
+    a preset of random weights has (preset_with_moe_layers).
     A preset with a committed trained pair (engine/trained.py) loads it unless `random_weights`."""
-    if moe_layers is not None:
-        check_moe_layers(model, moe_layers, weights=weights, random_weights=random_weights)
+    deepened = (preset_with_moe_layers(model, moe_layers, weights=weights, random_weights=random_weights)
+                if moe_layers is not None else None)
     target_there, drafter_there = has_target(model), drafter_path_of(model).is_file()
     if not weights and not random_weights and target_there != drafter_there:  # half a pair: not random weights
         missing = "drafter" if target_there else "target"
@@ -55,7 +55,7 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
         target = from_pretrained(weights, device=device, dtype=dtype, parallel=parallel)
         drafter_config = default_drafter(target.config, load_tokenizer().mask_id)
     else:
-        chosen = preset(model) if moe_layers is None else with_moe_layers(preset(model), moe_layers)
+        chosen = deepened or preset(model)
         target = build_target(chosen.model, seed=seed, device=device, dtype=dtype, parallel=parallel)
         drafter_config = chosen.drafter
     if drafter_path:
@@ -63,15 +63,17 @@ def load_models(model: str, *, seed: int, device: str, weights: str | None = Non
     return target, build_drafter(drafter_config, target.config, seed=seed + 1, device=device, dtype=target.dtype)
 
 
-def check_moe_layers(model: str, moe_layers: int, *, weights: str | None = None, random_weights: bool = False) -> None:
-    """--moe-layers is for a preset's random weights: a checkpoint or a trained pair has its depth."""
+def preset_with_moe_layers(model: str, moe_layers: int, *, weights: str | None = None,
+                           random_weights: bool = False) -> Preset:
+    """The preset `model`, `moe_layers` MoE layers deep (config.with_moe_layers): for a preset's
+    random weights only, as a checkpoint or a trained pair has its own depth."""
     if weights:
         raise EngineError("--moe-layers: only for a preset's random weights, not with --weights (a checkpoint has "
                           "its own layers)")
     if has_pair(model) and not random_weights:
         raise EngineError(f"--moe-layers: preset {model} loads its trained weights, which have their own layers; "
                           "only a preset of random weights (k2-layer) takes another count")
-    with_moe_layers(preset(model), moe_layers)
+    return with_moe_layers(preset(model), moe_layers)
 
 
 def _matching_drafter(path: str, target: TargetModel) -> Drafter:

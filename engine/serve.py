@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine import arguments, corpus, trained
-from engine.config import PRESETS, preset, with_moe_layers
+from engine.config import PRESETS, preset
 from engine.errors import EngineError
 from engine.expert_parallel import DEFAULT_TIMEOUT_S, ExpertParallel, ExpertShard, from_environment
 from engine.ranks import launch
@@ -123,12 +123,12 @@ def run(args: argparse.Namespace) -> int:
     arguments.temperature(args.temperature)
     arguments.output_file(args.summary, "--summary")
     arguments.output_file(args.progress, "--progress")
-    config = preset(args.model)
-    if args.moe_layers is not None:
-        from engine.generate import check_moe_layers
+    if args.moe_layers is None:
+        config = preset(args.model)
+    else:
+        from engine.generate import preset_with_moe_layers
 
-        check_moe_layers(args.model, args.moe_layers)
-        config = with_moe_layers(config, args.moe_layers)
+        config = preset_with_moe_layers(args.model, args.moe_layers)
     device = arguments.device(args.device)
     args.cuda_graphs = arguments.cuda_graphs(args.cuda_graphs, device, ranks=ranks)
     args.overlap = arguments.overlap(args.overlap, args.cuda_graphs, ranks=ranks)

@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import preset, with_moe_layers
 from engine.errors import EngineError
-from engine.generate import check_moe_layers, generate, load_models
+from engine.generate import generate, load_models, preset_with_moe_layers
 from engine.model import MoE
 from engine.tokenizer import load_tokenizer
 from tests.engine.test_cli_errors import assert_one_line, engine
@@ -34,7 +34,7 @@ def test_the_count_must_leave_the_drafters_target_layers_in_place():
 
 def test_a_checkpoint_keeps_its_own_layers():
     with pytest.raises(EngineError, match="not with --weights"):
-        check_moe_layers("tiny", 3, weights="engine/assets/tiny/target")
+        preset_with_moe_layers("tiny", 3, weights="engine/assets/tiny/target")
 
 
 @pytest.mark.parametrize("args, fragments", [
