@@ -86,10 +86,12 @@ def main() -> None:
         if unknown := sorted(set(builders) - set(BUILDERS)):
             raise DdprofError(f"--builders: no builder {', '.join(map(repr, unknown))}; "
                               f"choose from {', '.join(BUILDERS)}")
+        # A capture the engine refuses (its `serve --check`: e.g. a --moe-layers a preset cannot take)
+        # says so in one line too, as `ddprof capture` does.
+        rows = [measure(n, c, builder, args) for c in concurrencies for builder in builders for n in ranks]
     except DdprofError as error:
         print(f"benchmarks/expert_parallel_captures.py: {error}", file=sys.stderr)
         sys.exit(2)
-    rows = [measure(n, c, builder, args) for c in concurrencies for builder in builders for n in ranks]
     print(f"{'conc':>4} {'builder':>7} {'ranks':>5} {'steps':>6} {'tok/s':>8} {'step ms':>8} {'verify ms':>10} "
           f"{'comm ms':>8} {'draft ms':>9}")
     for row in rows:

@@ -2,6 +2,9 @@
 deep as the ranks' memory allows). The deeper model is a real model: every added layer is an MoE
 layer, and greedy DDTree still gives AR's tokens; trained weights and checkpoints keep their depth."""
 
+import subprocess
+import sys
+
 import pytest
 
 from engine.config import preset, with_moe_layers
@@ -9,7 +12,7 @@ from engine.errors import EngineError
 from engine.generate import generate, load_models, preset_with_moe_layers
 from engine.model import MoE
 from engine.tokenizer import load_tokenizer
-from tests.engine.test_cli_errors import assert_one_line, engine
+from tests.engine.test_cli_errors import ROOT, assert_one_line, engine
 
 K2_SERVE = ["serve", "--workload", "chat", "--model", "k2-layer", "--requests", "4", "--device", "cpu", "--check"]
 
@@ -62,3 +65,12 @@ def test_capture_passes_the_count_on_to_the_engine(tmp_path):
 
     with_count = command(6)
     assert with_count[with_count.index("--moe-layers") + 1] == "6" and "--moe-layers" not in command(None)
+
+
+def test_the_expert_parallel_benchmark_refuses_a_count_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "benchmarks/expert_parallel_captures.py", "--model", "small",
+                           "--moe-layers", "3", "--ranks", "1", "--trace-dir", str(tmp_path / "traces"),
+                           "--out", str(tmp_path / "out.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == "" and not (tmp_path / "out.json").exists()
+    assert done.stderr.count("\n") == 1 and "preset small loads its trained weights" in done.stderr, done.stderr
