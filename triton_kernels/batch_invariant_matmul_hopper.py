@@ -395,10 +395,6 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     the product's (tile, chunk) units instead (_stream_k_units). xt_desc: the tail's rows (x_desc
     where TAIL_M = 0)."""
     chunk_steps = k_chunk // BLOCK_K
-    first_tile = gl.program_id(1) * grid_m + gl.program_id(0)  # a one-tile program's
-    total_units = grid_m * grid_n * splits  # stream-K's
-    start = (gl.program_id(0) * total_units) // gl.num_programs(0)
-    end = ((gl.program_id(0) + 1) * total_units) // gl.num_programs(0)
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     if TAIL_M > 0:
@@ -418,6 +414,9 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     tail_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                           instr_shape=[16, TAIL_M if TAIL_M > 0 else 16, 16])
     if STREAM_K:
+        total_units = grid_m * grid_n * splits
+        start = (gl.program_id(0) * total_units) // gl.num_programs(0)
+        end = ((gl.program_id(0) + 1) * total_units) // gl.num_programs(0)
         gl.warp_specialize([
             (_stream_k_units, (x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, counter_ptr, M, N, stride_om,
                                stride_ps, start, end, total_units, splits, grid_m, chunk_steps, layout, tail_layout,
@@ -435,6 +434,7 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
                             TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
+        first_tile = gl.program_id(1) * grid_m + gl.program_id(0)
         results = gl.warp_specialize([
             (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile,
                                 first_tile + 1, 1, grid_m, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
