@@ -153,7 +153,7 @@ GLUON_TILES = [(128, 256, 3), (128, 256, 4), (128, 128, 4), (128, 128, 6), (64, 
 # cannot fit in the registers (compiled for sm_90 here).
 GLUON_SWAPPED_TILES = [(128, 16, 64, 6), (128, 16, 128, 4), (256, 16, 64, 5), (256, 16, 128, 4)]
 # The first M the Gluon kernel's blockings are tried at (the Gluon pass, and its stream-K tiles):
-# below it every pick is the Triton kernel's (its swapped 16-64-row tiles since `_16.json` beat the
+# below it every pick is the Triton kernel's (its swapped 16-64-row tiles since `_17.json` beat the
 # Gluon picks `_13.json` had made at M = 17 on the shared down and lm_head; the Gluon MMA's M side
 # pads to 64 rows), every point there meets the goal, and each Gluon compile costs seconds of
 # device time.
