@@ -6,7 +6,7 @@
 # DDPROF_COMMIT=<what `git rev-parse HEAD; git diff --quiet HEAD || echo +changes` says here>
 # (required) so that each result file's machine block names the code that ran. Every part needs the
 # nvtx wheel carried (.whl1: the engine imports nvtx; ../shared/nsys/README.md), part 5 .devlibs too.
-# Limits: 220-580 s per part, 2,340 s for parts 1-5, more than one session's 30 device-minutes:
+# Limits: 220-580 s per part, 2,440 s for parts 1-5, more than one session's 30 device-minutes:
 # take part 1 and the parts whose code changed first. Parts 6, 7, 15 and 16 re-pick split counts:
 # where a count changes, commit the file as a blocking tuning run and paste it
 # (benchmarks/paste_blocking.py writes both its TUNED and its BLOCKING_BY_M lines); where every
@@ -57,7 +57,10 @@
 # at 219e7a9, part 17: its one process ran out of time at q_b's M = 544 and its tests at their
 # 37th, and probes found every Gluon program holding two tiles or units hung (persistent and
 # stream-K, swapped or not), one-tile ones bit-identical: fixed at 82a9b87 (the K loops' start
-# was not carried), not yet re-run; parts 16 and 18 not yet run).
+# was not carried); at 8d50c20 part 19 (every multi-tile program finished, bit-identical), part
+# 17: _25-_27, part 14: _28-_31, part 18: _32-_35; at a581c67 part 4 (its tests' 300 s, now 400,
+# ran out on cold compiles; they passed when run again) and part 16's o_proj alone: _36; the
+# dense gate/up's half of part 16 not yet run).
 set -uo pipefail
 out=${1:?OUT} part=${2:?PART (1-19)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
@@ -83,7 +86,7 @@ case $part in
      timeout 580 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --shapes "$shapes" \
        --out "$out/batch_invariant_matmul_blocking_tuning_part$part.json" > "$out/blocking_$part.log" 2>&1
      tail -20 "$out/blocking_$part.log" ;;
-  4) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
+  4) timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt"
      timeout 150 python3 benchmarks/batch_invariant_ab.py --model k2-layer --concurrency 32 --rounds 7 \
        --out "$out/batch_invariant_ab_k2_c32_graphs.json" > "$out/batch_invariant_ab.log" 2>&1

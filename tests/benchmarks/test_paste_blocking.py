@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 
 from benchmarks.batch_invariant_matmul import ranges_line
+from benchmarks.blocking_goal import blocking_tunings
 from benchmarks.paste_blocking import KERNEL, paste
 from triton_kernels.batch_invariant_matmul import BLOCKING_BY_M, Blocking, Tiles
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = sorted((ROOT / "benchmarks" / "results").glob("batch_invariant_matmul_blocking_tuning*.json"),
-                 key=lambda path: (len(path.name), path.name))
+RESULTS = blocking_tunings()
 
 
 def run(*args):

@@ -18,6 +18,7 @@ import torch
 
 import triton_kernels.batch_invariant_matmul as gemm
 from benchmarks.batch_invariant_matmul import ROWS, blocking_picks, stream_k_blockings
+from benchmarks.blocking_goal import blocking_tunings
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, batch_invariant_linear,
                                                    batch_invariant_per_head, blocking_of, k_chunks, tiles_for,
                                                    with_blocking)
@@ -27,8 +28,7 @@ SEEDS = [1, 2, int(torch.randint(2**31, ()))]  # the last drawn afresh at collec
 TUNING = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "batch_invariant_matmul_tuning.json"
 # The committed --tune-blocking runs, later over earlier (a run may tune some shapes only): the
 # unnumbered file first, then _2, _3, ... by number.
-BLOCKING_TUNINGS = sorted(TUNING.parent.glob("batch_invariant_matmul_blocking_tuning*.json"),
-                          key=lambda path: (len(path.name), path.name))
+BLOCKING_TUNINGS = blocking_tunings(TUNING.parent)
 
 
 def split_tiles(split_k: int) -> Tiles:
