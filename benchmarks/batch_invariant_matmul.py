@@ -44,7 +44,8 @@ blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program; swapped ones,
 GLUON_SWAPPED_TILES, up to M = 1,088; then its fastest that needs no workspace as a persistent
-grid), from M = GLUON_FROM_M up. Beside the base's own
+grid and, where its accumulators fit two consumer groups' registers, as a persistent ping-pong
+grid, one group storing a tile while the other multiplies the next), from M = GLUON_FROM_M up. Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -97,7 +98,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import RESULTS, describe, write_result  # noqa: E402
 from benchmarks.verify_attention import bench, ceilings  # noqa: E402
 from triton_kernels.batch_invariant_matmul import (BLOCKING_BY_M, TUNED, TUNED_FP32, Blocking, Tiles, base_tiles,  # noqa: E402
-                                                   batch_invariant_linear, blocking_of, k_chunks, with_blocking)
+                                                   batch_invariant_linear, blocking_of, hopper_tiles, k_chunks,
+                                                   with_blocking)
+from triton_kernels.batch_invariant_matmul_hopper import ping_pong_fits  # noqa: E402
 
 # (name, N, K): Kimi K2's projections (hidden 7168, 64 heads).
 SHAPES = [("q_a_proj", 1536, 7168), ("q_b_proj", 64 * 192, 1536), ("kv_a_proj", 576, 7168),
@@ -377,6 +380,9 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
         gluon_pick = fastest(lambda b: b.gluon and (base.split_k == 1 or b.split_in_program))  # no workspace
         if gluon_pick is not None:
             run("gluon", [gluon_pick._replace(persistent=True)])  # its tiles' epilogues under the next loads
+            ping_pong = gluon_pick._replace(persistent=True, ping_pong=True)  # ... and under the next tile's MMAs
+            if ping_pong_fits(hopper_tiles(base._replace(**ping_pong._asdict()))):
+                run("gluon", [ping_pong])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "

@@ -7,7 +7,10 @@ began at step 0; a one-unit program was right. A hang cannot be caught inside th
 launched the kernel, so each case here runs in a child process with a time limit, and the table
 says per case: how many units each of the programs holds, whether it finished, and whether its
 output equals the one-tile kernel's (persistent) and the Triton kernel's rows of the full batch
-(both). The controls hold one unit per program. Writes JSON with the machine; needs a Hopper GPU.
+(both). The controls hold one unit per program. The ping-pong cases are persistent programs whose
+two consumer groups take the tiles in turn (not yet run on the GPU when added, 2026-12-04): their
+control holds one tile per program, so the second group has none. Writes JSON with the machine;
+needs a Hopper GPU.
 
     python3 benchmarks/gluon_multi_tile.py [--timeout-s 45] [--out FILE]
 """
@@ -35,7 +38,8 @@ from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, fits, hopp
 
 class Case(NamedTuple):
     """A product (a K2 shape at M rows) on one Gluon tile: `persistent` over its tiles (unsplit
-    shapes) or `stream_k` over its (tile, chunk) units (split shapes, the base's chunks)."""
+    shapes; `ping_pong` too, two consumer groups) or `stream_k` over its (tile, chunk) units
+    (split shapes, the base's chunks)."""
     kind: str
     shape: str
     m: int
@@ -54,7 +58,12 @@ CASES = [Case("persistent", "kv_b_proj", 64, 64, 128, 6),  # control: 128 tiles,
          Case("persistent", "kv_b_proj", 1088, 128, 256, 3),
          Case("stream_k", "q_a_proj", 17, 64, 128, 3),  # control
          Case("stream_k", "q_a_proj", 1088, 64, 128, 3),
-         Case("stream_k", "shared expert gate/up", 1088, 128, 128, 4, 16, True)]
+         Case("stream_k", "shared expert gate/up", 1088, 128, 128, 4, 16, True),
+         Case("ping_pong", "q_b_proj", 136, 128, 128, 4, 16, True),  # control: 96 tiles, group 2 idle
+         Case("ping_pong", "kv_b_proj", 136, 64, 128, 6),
+         Case("ping_pong", "kv_b_proj", 544, 256, 64, 5, 16, True),  # kv_b's M = 544 pick, as ping-pong
+         Case("ping_pong", "q_b_proj", 544, 128, 128, 4),
+         Case("ping_pong", "kv_b_proj", 1088, 256, 64, 5, 16, True)]
 
 
 def shape_of(case: Case) -> tuple[int, int]:
@@ -62,9 +71,10 @@ def shape_of(case: Case) -> tuple[int, int]:
     return next((n, k) for name, n, k in SHAPES if name == case.shape)
 
 
-def hopper_tiles(case: Case, block_k: int) -> HopperTiles:
+def case_tiles(case: Case, block_k: int) -> HopperTiles:
     return HopperTiles(case.block_m, case.block_n, block_k, case.stages, case.tail_m, case.swap_ab,
-                       persistent=case.kind == "persistent", stream_k=case.kind == "stream_k")
+                       persistent=case.kind in ("persistent", "ping_pong"), stream_k=case.kind == "stream_k",
+                       ping_pong=case.kind == "ping_pong")
 
 
 def units_per_program(case: Case, sms: int) -> tuple[int, int]:
@@ -83,13 +93,13 @@ def run_case(case: Case) -> dict:
     x, w = inputs(n, k, torch.Generator(device="cuda").manual_seed(n + k))
     base = base_tiles(n, k, torch.bfloat16)
     triton_rows = batch_invariant_linear(x, w, base)[:case.m]
-    tiles = hopper_tiles(case, base.block_k)
+    tiles = case_tiles(case, base.block_k)
     if not fits(x[:case.m], w, tiles):
-        return {"error": "does not fit the SM's shared memory"}
+        return {"error": "does not fit the SM's shared memory (or, ping-pong, its registers)"}
     started = time.perf_counter()
-    if case.kind == "persistent":
+    if case.kind != "stream_k":
         out = hopper_linear(x[:case.m], w, tiles)
-        one_tile = torch.equal(out, hopper_linear(x[:case.m], w, tiles._replace(persistent=False)))
+        one_tile = torch.equal(out, hopper_linear(x[:case.m], w, tiles._replace(persistent=False, ping_pong=False)))
     else:
         warps = (case.block_n if case.swap_ab else case.block_m) // 16
         out = batch_invariant_linear(x[:case.m], w, base._replace(

@@ -32,7 +32,8 @@
 #   bash benchmarks/gpu_verify.sh OUT 16  # --tune-split 1, 2, 4 with stream-K (tails too): o_proj, the dense gate/up (their M = 136 waves)
 #   bash benchmarks/gpu_verify.sh OUT 17  # --passes gluon: kv_b, lm_head, q_b; then the Gluon kernel's gpu tests
 #   bash benchmarks/gpu_verify.sh OUT 18  # --passes gluon: the other four shapes with M = 544-1,088 misses
-#   bash benchmarks/gpu_verify.sh OUT 19  # the Gluon kernel's programs over several tiles (gluon_multi_tile.py), then its gpu tests: first
+#   bash benchmarks/gpu_verify.sh OUT 19  # the Gluon kernel's programs over several tiles (gluon_multi_tile.py), then its gpu tests
+#   bash benchmarks/gpu_verify.sh OUT 20  # part 19 (ping-pong among its cases), then --passes gluon on the six shapes with M = 544-1,088 misses: first
 #
 # Part 5 runs nsys itself, with the trace flags `ddprof capture` uses on a GPU (not its private
 # session and TMPDIR), because ddprof's polars wheels do not fit beside the tree in one call's
@@ -62,7 +63,7 @@
 # ran out on cold compiles; they passed when run again) and part 16's o_proj alone: _36; the
 # dense gate/up's half of part 16 not yet run).
 set -uo pipefail
-out=${1:?OUT} part=${2:?PART (1-19)}
+out=${1:?OUT} part=${2:?PART (1-20)}
 if [ -z "${DDPROF_COMMIT:-}" ]; then
   echo "benchmarks/gpu_verify.sh: set DDPROF_COMMIT (the commit this tree is, +changes if edited): the device's git directory may be an older commit's, so results would name the wrong one" >&2
   exit 2
@@ -78,6 +79,22 @@ gate_on_gpu_tests() {  # LIMIT_S KEYWORDS FILE [TEST_FILE]
     "${4:-tests/triton_kernels/test_batch_invariant_matmul.py}" -k "$2" > "$out/$3" 2>&1
   tail -3 "$out/$3"
   grep -q " passed" "$out/$3" && ! grep -q "failed\|error" "$out/$3" || exit 1
+}
+# A --tune-blocking run of PASSES per shape, a process and a file each (as parts 14, 17, 18 and 20
+# run them): a kernel that hangs (as the Gluon kernel's persistent and stream-K programs over two
+# tiles did on 2026-12-04) costs that shape's limit, not the others' results. The tuner checks every
+# blocking's rows against the base tiling's in the full batch (one that differs is "not_invariant",
+# never picked).
+tune_each_shape() {  # PASSES LIMIT_S PART SHAPE...
+  local passes=$1 limit=$2 part=$3 shape name
+  shift 3
+  for shape in "$@"; do
+    name=${shape//[ \/]/_}
+    timeout "$limit" python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes "$passes" --shapes "$shape" \
+      --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/blocking_${part}_$name.log" 2>&1
+    echo "$shape: rc=$?"
+    grep "^  M=" "$out/blocking_${part}_$name.log" | sed 's/Blocking(//; s/, warp_specialize=False//; s/, ping_pong=False//'
+  done
 }
 case $part in
   1) timeout 560 python3 benchmarks/tile_invariance.py --out "$out/tile_invariance.json" > "$out/tile_invariance.log" 2>&1
@@ -145,12 +162,7 @@ case $part in
      python3 benchmarks/paste_blocking.py "$out/batch_invariant_matmul_blocking_tuning_part13.json" || exit 1
      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $tests > "$out/gpu_tests.txt" 2>&1
      tail -3 "$out/gpu_tests.txt" ;;
-  14) for shape in "q_a_proj" "kv_a_proj" "dense down" "shared expert gate/up"; do  # as part 17: a process a shape
-       name=${shape//[ \/]/_}
-       timeout 110 python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes stream_k --shapes "$shape" \
-         --out "$out/batch_invariant_matmul_blocking_tuning_part14_$name.json" > "$out/blocking_14_$name.log" 2>&1
-       echo "$shape: rc=$?"; grep "^  M=" "$out/blocking_14_$name.log" | sed 's/Blocking(//; s/, warp_specialize=False//'
-     done
+  14) tune_each_shape stream_k 110 14 "q_a_proj" "kv_a_proj" "dense down" "shared expert gate/up"
      timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul.py \
        -k "stream_k or cuda_graph" > "$out/gpu_tests_stream_k.txt" 2>&1
      tail -3 "$out/gpu_tests_stream_k.txt" ;;
@@ -164,32 +176,27 @@ case $part in
          --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/split_${part}_$name.log" 2>&1
        grep "points ->\|^ *$shape " "$out/split_${part}_$name.log"
      done ;;
-  17|18) if [ "$part" = 17 ]; then shapes=("kv_b_proj" "lm_head" "q_b_proj") limit=150
-     else shapes=("dense down" "shared expert gate/up" "q_a_proj" "kv_a_proj") limit=140; fi
-     # A process and a file per shape: a kernel that hangs (as the Gluon kernel's persistent and
-     # stream-K programs over two tiles did on 2026-12-04) costs that shape's limit, not the
-     # others' results. The tuner checks every blocking's rows against the base tiling's in the
-     # full batch (one that differs is "not_invariant", never picked), so the pass runs first and
-     # the Gluon kernel's gpu tests (which outgrew a 250 s gate) get the time left.
-     for shape in "${shapes[@]}"; do
-       name=${shape//[ \/]/_}
-       timeout $limit python3 benchmarks/batch_invariant_matmul.py --tune-blocking --passes gluon --shapes "$shape" \
-         --out "$out/batch_invariant_matmul_blocking_tuning_part${part}_$name.json" > "$out/blocking_${part}_$name.log" 2>&1
-       echo "$shape: rc=$?"; grep "^  M=" "$out/blocking_${part}_$name.log" | sed 's/Blocking(//; s/, warp_specialize=False//'
-     done
+  17|18) # The pass first (the tuner checks the bits), the Gluon kernel's gpu tests (which outgrew a
+     # 250 s gate) in the time left.
+     if [ "$part" = 17 ]; then tune_each_shape gluon 150 17 "kv_b_proj" "lm_head" "q_b_proj"
+     else tune_each_shape gluon 140 18 "dense down" "shared expert gate/up" "q_a_proj" "kv_a_proj"; fi
      if [ "$part" = 17 ]; then
        timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul_hopper.py \
          > "$out/gpu_tests_hopper.txt" 2>&1
        tail -3 "$out/gpu_tests_hopper.txt"
      fi ;;
-  19) timeout 300 python3 benchmarks/gluon_multi_tile.py --out "$out/gluon_multi_tile.json" > "$out/gluon_multi_tile.log" 2>&1
+  19|20) timeout 300 python3 benchmarks/gluon_multi_tile.py --out "$out/gluon_multi_tile.json" > "$out/gluon_multi_tile.log" 2>&1
      probe=$?
      cat "$out/gluon_multi_tile.log"
      [ "$probe" = 0 ] || exit 1  # no table (a hang is a row of it, not a failure of the script)
      grep -qE " (hung|NO|error)( |$)" "$out/gluon_multi_tile.log" && exit 1  # the tests would hang on the same programs
      timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/triton_kernels/test_batch_invariant_matmul_hopper.py \
        > "$out/gpu_tests_hopper.txt" 2>&1
-     tail -3 "$out/gpu_tests_hopper.txt" ;;
-  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 19, not $part" >&2; exit 2 ;;
+     tail -3 "$out/gpu_tests_hopper.txt"
+     grep -q " passed" "$out/gpu_tests_hopper.txt" && ! grep -q "failed\|error" "$out/gpu_tests_hopper.txt" || exit 1
+     if [ "$part" = 20 ]; then  # ping-pong finished and kept the bits: the Gluon pass tries it where it fits
+       tune_each_shape gluon 70 20 "kv_b_proj" "q_b_proj" "q_a_proj" "kv_a_proj" "dense down" "shared expert gate/up"
+     fi ;;
+  *) echo "benchmarks/gpu_verify.sh: PART must be 1 to 20, not $part" >&2; exit 2 ;;
 esac
 ls -la "$out"

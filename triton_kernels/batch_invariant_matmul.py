@@ -86,11 +86,12 @@ triton_kernels/batch_invariant_matmul_hopper.py: a producer warp and a consumer 
 rows, which triton 3.6's own warp specialization cannot build): the same BLOCK_K steps on fp32
 accumulators from zero, a split tiling's chunks summed in the same order, in the program or
 through the same workspace and tile counters, so the same bits (the `gpu` tests, at every K2
-shape and decode M; swapped ones not yet run there). It serves 2-D 16-bit products on a Hopper
-GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA loads, or swapped (a tail too) at
-BLOCK_M 16 to 256 with BLOCK_N / 16 warps, persistent where no workspace sums the split (the
-consumers store each tile while the producer loads the next) or stream-K (not yet run on the
-GPU either); a per-head product, or any on the CPU, runs the same tiles
+shape and decode M, swapped, persistent and stream-K too). It serves 2-D 16-bit products on a
+Hopper GPU at BLOCK_M 64, 128 or 256 with BLOCK_M / 16 warps and TMA loads, or swapped (a tail
+too) at BLOCK_M 16 to 256 with BLOCK_N / 16 warps, persistent where no workspace sums the split
+(the consumers store each tile while the producer loads the next; `ping_pong`: two consumer
+groups taking the tiles in turn, one storing while the other multiplies; not yet run on the GPU)
+or stream-K; a per-head product, or any on the CPU, runs the same tiles
 in this kernel, with the same bits; on a GPU a 2-D product the Gluon kernel cannot run
 (hopper.fits) is refused.
 
@@ -133,6 +134,7 @@ class Tiles(NamedTuple):
     gluon: bool = False  # run by the Gluon Hopper kernel where it can (a blocking; see the docstring)
     swap_ab: bool = False  # each tile computed as w x^T, rows on the MMA's narrow side (a blocking; the docstring)
     stream_k: bool = False  # a program per SM over equal runs of (tile, chunk) units (a blocking; the docstring)
+    ping_pong: bool = False  # a persistent Gluon blocking's tiles taken in turn by two consumer groups (a blocking)
 
 
 class Blocking(NamedTuple):
@@ -150,6 +152,7 @@ class Blocking(NamedTuple):
     gluon: bool = False
     swap_ab: bool = False
     stream_k: bool = False
+    ping_pong: bool = False
 
 
 # bf16 tilings of Kimi K2's projections, (N, K) -> Tiles: the picks of `benchmarks/batch_invariant_matmul.py
@@ -231,7 +234,13 @@ def base_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
 def blocking_of(tiles: Tiles) -> Blocking:
     return Blocking(tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages, tiles.tma, tiles.split_in_program,
                     tiles.tail_m, tiles.persistent, tiles.warp_specialize, tiles.gluon, tiles.swap_ab,
-                    tiles.stream_k)
+                    tiles.stream_k, tiles.ping_pong)
+
+
+def hopper_tiles(tiles: Tiles) -> HopperTiles:
+    """The Gluon kernel's blocking for a gluon tiling."""
+    return HopperTiles(tiles.block_m, tiles.block_n, tiles.block_k, tiles.num_stages, tiles.tail_m, tiles.swap_ab,
+                       tiles.persistent, tiles.stream_k, tiles.ping_pong)
 
 
 def with_blocking(tiles: Tiles, ranges: tuple[tuple[int, Blocking], ...], m: int) -> Tiles:
@@ -546,6 +555,9 @@ def _plan(n: int, k: int, m: int, dtype: torch.dtype, tiles: Tiles | None):
         raise ValueError(f"batch_invariant_matmul: a gluon blocking is TMA tiles of 64, 128 or 256 rows at BLOCK_M / 16 "
                          f"warps or, swapped, of 16 to 256 rows (and a tail) at BLOCK_N / 16; no warp_specialize, and "
                          f"persistent only with a split summed in the program, not {t}")
+    if t.ping_pong and not (t.gluon and t.persistent):
+        raise ValueError(f"batch_invariant_matmul: ping_pong is the Gluon kernel's two consumer groups taking a "
+                         f"persistent program's tiles in turn: it needs gluon and persistent, not {t}")
     if t.stream_k and (t.persistent or t.split_in_program or t.warp_specialize):
         raise ValueError(f"batch_invariant_matmul: a stream_k blocking runs its own grid of a program per SM over "
                          f"(tile, chunk) units: no persistent flag, in-program split or warp_specialize, not {t}")
@@ -578,8 +590,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tiles: Tiles | 
     else:
         partials, counters = out, out  # unread: the kernel's non-workspace branch stores into out
     if t.gluon and batch == 1 and x.is_cuda:
-        hopper = HopperTiles(t.block_m, t.block_n, t.block_k, t.num_stages, t.tail_m, t.swap_ab, t.persistent,
-                             t.stream_k)
+        hopper = hopper_tiles(t)
         if not (fits(x[0], w[0], hopper) and out.stride(-1) == 1):
             raise ValueError(f"batch_invariant_matmul: the Gluon Hopper kernel cannot run {hopper} on "
                              f"{tuple(x.shape[1:])} x {tuple(w.shape[1:])} {x.dtype} here (batch_invariant_matmul_hopper.fits)")

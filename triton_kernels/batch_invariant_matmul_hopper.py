@@ -48,7 +48,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 PRODUCER_WARPS = gl.constexpr(1)
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp: it only computes coordinates
+REGISTERS = 65536  # 32-bit registers per SM on sm_90
 SMEM_BYTES = 232448  # shared memory per block on sm_90
+PING_PONG_SPARE_REGS = 40  # a ping-pong group's registers beside its accumulators (addresses, loop state)
 
 
 class HopperTiles(NamedTuple):
@@ -61,7 +63,11 @@ class HopperTiles(NamedTuple):
     one 128 + 16 tile. `persistent`: a program per SM looping over the tiles, its consumers storing
     each tile while the producer loads the next one's first stages (no workspace: a split's chunks
     summed in the program). `stream_k`: a program per SM over equal runs of the product's (tile,
-    chunk) units, through the workspace (as the Triton kernel's Blocking.stream_k)."""
+    chunk) units, through the workspace (as the Triton kernel's Blocking.stream_k). `ping_pong`
+    (persistent only): two consumer groups take the program's tiles in turn, one's MMAs after the
+    other's, so that each tile's store runs under the next tile's MMAs (the ping-pong schedule of
+    CUTLASS's and cuBLAS's Hopper kernels: for short K loops, kv_b's 8 steps, whose stores a single
+    group cannot hide); each tile's MMAs as in one group, so the same bits."""
     block_m: int
     block_n: int
     block_k: int
@@ -70,11 +76,28 @@ class HopperTiles(NamedTuple):
     swap_ab: bool = False
     persistent: bool = False
     stream_k: bool = False
+    ping_pong: bool = False
 
 
 def consumer_warps(tiles: HopperTiles) -> int:
     """A warp group per 64 rows of the MMA's M side: the batch's rows, or swapped the weight's."""
     return (tiles.block_n if tiles.swap_ab else tiles.block_m) // 16
+
+
+def group_registers(tiles: HopperTiles) -> int:
+    """Registers a thread of ping-pong's second consumer group gets: what the SM holds beside the
+    producer's warp (which triton pads to a warp group) split over two groups, in setmaxnreg's
+    steps of 8, at most 232 (as triton sets the first group's): 232 for groups of one warp group,
+    112 for two (compiled for sm_90 here)."""
+    return min(232, (REGISTERS - 128 * PRODUCER_REGS.value) // (2 * 32 * consumer_warps(tiles)) // 8 * 8)
+
+
+def ping_pong_fits(tiles: HopperTiles) -> bool:
+    """Whether a ping-pong group's thread holds its tile's and tail's fp32 accumulators in its
+    registers with PING_PONG_SPARE_REGS to spare (ptxas refuses 128 x 256 tiles on groups of two
+    warp groups: 128 values a thread in 112 registers)."""
+    values = (tiles.block_m + tiles.tail_m) * tiles.block_n // (32 * consumer_warps(tiles))
+    return values + PING_PONG_SPARE_REGS <= group_registers(tiles)
 
 
 def ring_bytes(tiles: HopperTiles, element_size: int = 2) -> int:
@@ -85,7 +108,8 @@ def ring_bytes(tiles: HopperTiles, element_size: int = 2) -> int:
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
     """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address
     (none empty: a descriptor needs every size positive), tile shapes the warpgroup MMA allows, and
-    a ring that fits in shared memory (beside the barriers)."""
+    a ring that fits in shared memory (beside the barriers); for ping-pong, accumulators that fit a
+    group's registers (ping_pong_fits)."""
     mma_shapes = (tiles.block_n in (64, 128, 256)
                   and (tiles.block_m in (16, 32, 64, 128, 256) and tiles.tail_m in (0, 16, 32, 64) if tiles.swap_ab
                        else tiles.block_m in (64, 128, 256) and tiles.tail_m == 0))
@@ -93,7 +117,8 @@ def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
             and weight.numel() > 0 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
-            and mma_shapes and ring_bytes(tiles, x.element_size()) <= SMEM_BYTES - 1024)
+            and mma_shapes and ring_bytes(tiles, x.element_size()) <= SMEM_BYTES - 1024
+            and (not tiles.ping_pong or ping_pong_fits(tiles)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,8 +188,10 @@ def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: 
                     tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
     """Steps first .. first + steps - 1 on fp32 accumulators from zero, one MMA per step and tile
-    in step order (swapped: w x^T, [BLOCK_N, rows]), the step before's stage freed once its MMAs
-    are done; returned once all are done, as (tile, tail) (no tail: the tile twice)."""
+    in step order (swapped: w x^T, [BLOCK_N, rows]); returned once all are done, as (tile, tail)
+    (no tail: the tile twice). Each step's stage is freed once its MMAs are done: the step
+    before's after this step's are issued, the last once all are. So a call frees exactly the
+    stages it read, which two consumer groups taking turns on one ring need (ping-pong)."""
     acc, acc_tail = _zeros(layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
     for i in range(first, first + steps):
         stage = i % NUM_STAGES
@@ -179,12 +206,13 @@ def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: 
             acc, acc_tail = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_tail))  # step i - 1's are done
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
-        mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > 0)
+        mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > first)
     if TAIL_M > 0:
         acc, acc_tail = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_tail))
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc_tail = acc
+    mbarrier.arrive(free.index((first + steps - 1) % NUM_STAGES))
     return acc, acc_tail
 
 
@@ -232,22 +260,32 @@ def _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout: gl.c
 
 
 @gluon.jit
-def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile, tiles, tile_step,
-                     grid_m, chunk_steps, layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                     TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr,
-                     SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr):
+def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om, first_tile, tiles,
+                     tile_step, grid_m, chunk_steps, layout: gl.constexpr, tail_layout: gl.constexpr,
+                     BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                     CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr, GROUP: gl.constexpr,
+                     GROUPS: gl.constexpr):
     """The consumers. One tile (not PERSISTENT): its fp32 tile and tail, returned for the kernel's
     epilogue (warp_specialize returns the default partition's results as one tuple). PERSISTENT:
     each of the program's tiles multiplied and stored here, while the producer fills the stages
     its MMAs freed with the next tile's first steps; nothing returned. A tile's first step is
     computed from the loop index: a `first = 0` counter added to in the loop was not carried by
     triton 3.6 (the IR's inner loops all began at step 0), so a program's second tile waited on
-    barrier phases already passed, and on the H200 every program holding two tiles hung."""
+    barrier phases already passed, and on the H200 every program holding two tiles hung.
+    GROUPS = 2 (ping-pong): group GROUP takes the program's tiles GROUP, GROUP + 2, ...; a tile's
+    MMAs start once the other group's on the tile before are done (turns: group g waits on its
+    own barrier, which the other arrives on), so one group stores a tile while the other
+    multiplies the next, and no group waits on a stage the producer has not reached."""
     if PERSISTENT:
-        for tile in range(first_tile, tiles, tile_step):
-            first = (tile - first_tile) // tile_step * (CHUNKS * chunk_steps)
-            acc, acc_tail = _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout,
-                                           tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
+        for tile in range(first_tile + GROUP * tile_step, tiles, GROUPS * tile_step):
+            j = (tile - first_tile) // tile_step  # the program's j-th tile
+            if GROUPS > 1:  # tile j - 1 is the other group's ((j - 1 - (1 - GROUP)) // 2)-th
+                mbarrier.wait(turns.index(GROUP), ((j - 2 + GROUP) // 2) & 1, pred=j > 0)
+            acc, acc_tail = _multiply_tile(x_smem, xt_smem, w_smem, ready, free, j * (CHUNKS * chunk_steps),
+                                           chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES,
+                                           CHUNKS, SWAP_AB)
+            if GROUPS > 1:
+                mbarrier.arrive(turns.index(1 - GROUP))
             row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
             _store_out(out_ptr, acc, acc_tail, row0, col0, M, N, stride_om, layout, tail_layout, BLOCK_M, TAIL_M,
                        BLOCK_N, SWAP_AB)
@@ -382,7 +420,8 @@ def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, 
 def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M, N, stride_om, stride_ps, k_chunk,
                    splits, grid_m, grid_n, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, WORKSPACE: gl.constexpr,
-                   SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
+                   SWAP_AB: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr, PING_PONG: gl.constexpr,
+                   GROUP_REGS: gl.constexpr):
     """out = x @ w^T in (BLOCK_M + TAIL_M, BLOCK_N) tiles of a grid_m x grid_n grid, M fastest
     (programs launched together share a weight tile in L2, as in the Triton kernel): one per
     program along axes 0 and 1, or (PERSISTENT, a program per SM on axis 0) tiles pid, pid +
@@ -392,8 +431,10 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     whose partial arrives last at its tile (counter_ptr: one int32 per tile, zero between products)
     adds the planes in order 0 .. splits - 1, casts, stores and zeroes the counter, as the Triton
     kernel's workspace tilings do. STREAM_K (a program per SM on axis 0, WORKSPACE): equal runs of
-    the product's (tile, chunk) units instead (_stream_k_units). xt_desc: the tail's rows (x_desc
-    where TAIL_M = 0)."""
+    the product's (tile, chunk) units instead (_stream_k_units). PING_PONG (PERSISTENT): a second
+    consumer group, a worker partition of as many warps with GROUP_REGS registers a thread, takes
+    every other tile (_multiply_stages).
+    xt_desc: the tail's rows (x_desc where TAIL_M = 0)."""
     chunk_steps = k_chunk // BLOCK_K
     dtype: gl.constexpr = x_desc.dtype
     x_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
@@ -404,9 +445,12 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     w_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; the TMA's bytes complete it
         mbarrier.init(free.index(i), count=1)  # the consumers, once their MMAs on it are done
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)  # ping-pong: the other group, its MMAs on a tile done
     fence_async_shared()
     n_side: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N  # the MMA's N: the rows swapped, else the columns
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -425,20 +469,35 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
                             grid_m, 0, k_chunk, chunk_steps, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     elif PERSISTENT:
-        gl.warp_specialize([
-            (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, gl.program_id(0),
-                                grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout, tail_layout, BLOCK_M,
-                                TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, True)),
-            (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, gl.program_id(0),
-                            grid_m * grid_n, gl.num_programs(0), 1, grid_m, 0, k_chunk, CHUNKS * chunk_steps, BLOCK_M,
-                            TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        # (a partition's arguments are spelled out in each call: a tuple of them bound to a name
+        # turns its functions and layouts into values, which triton refuses)
+        if PING_PONG:  # the second group first among the workers: its warps then start a warp group
+            gl.warp_specialize([
+                (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om,
+                                    gl.program_id(0), grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout,
+                                    tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, True, 0, 2)),
+                (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om,
+                                    gl.program_id(0), grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout,
+                                    tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, True, 1, 2)),
+                (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, gl.program_id(0),
+                                grid_m * grid_n, gl.num_programs(0), 1, grid_m, 0, k_chunk, CHUNKS * chunk_steps,
+                                BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
+            ], [gl.num_warps(), PRODUCER_WARPS], [GROUP_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om,
+                                    gl.program_id(0), grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout,
+                                    tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, True, 0, 1)),
+                (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, gl.program_id(0),
+                                grid_m * grid_n, gl.num_programs(0), 1, grid_m, 0, k_chunk, CHUNKS * chunk_steps,
+                                BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K, NUM_STAGES)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         first_tile = gl.program_id(1) * grid_m + gl.program_id(0)
         results = gl.warp_specialize([
-            (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, out_ptr, M, N, stride_om, first_tile,
+            (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om, first_tile,
                                 first_tile + 1, 1, grid_m, chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N,
-                                NUM_STAGES, CHUNKS, SWAP_AB, False)),
+                                NUM_STAGES, CHUNKS, SWAP_AB, False, 0, 1)),
             (_load_stages, (x_desc, xt_desc, w_desc, x_smem, xt_smem, w_smem, ready, free, first_tile, first_tile + 1,
                             1, 1, grid_m, gl.program_id(2) * k_chunk, k_chunk, CHUNKS * chunk_steps, BLOCK_M, TAIL_M,
                             BLOCK_N, BLOCK_K, NUM_STAGES)),  # axis 2 is one program wide unless WORKSPACE
@@ -479,6 +538,9 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
     if (workspace is not None and tiles.persistent) or (workspace is None and tiles.stream_k):
         raise ValueError("hopper_matmul: a persistent blocking sums a split's chunks in the program, a stream-K one "
                          "through a workspace, not the other way")
+    if tiles.ping_pong and not tiles.persistent:
+        raise ValueError(f"hopper_matmul: ping-pong is two consumer groups taking a persistent program's tiles in "
+                         f"turn, so it needs persistent: {tiles}")
     splits = partials.shape[0] if workspace is not None else 1
     x_desc, xt_desc, w_desc = descriptors(x, weight, tiles)
     grid_m, grid_n = triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n)
@@ -488,7 +550,8 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
                          k_chunk, splits, grid_m, grid_n, BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m,
                          BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
                          WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent,
-                         STREAM_K=tiles.stream_k, num_warps=consumer_warps(tiles))
+                         STREAM_K=tiles.stream_k, PING_PONG=tiles.ping_pong,
+                         GROUP_REGS=group_registers(tiles) if tiles.ping_pong else 0, num_warps=consumer_warps(tiles))
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

@@ -240,16 +240,27 @@ def test_warp_specialization_without_tma_loads_with_a_tail_tile_or_a_workspace_i
                                    Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, split_in_program=True),
                                    Tiles(32, 64, 32, 4, 3, split_k=2, tma=True, tail_m=16, swap_ab=True),
                                    Tiles(64, 64, 32, 4, 3, split_k=2, tma=True, split_in_program=True, persistent=True),
-                                   Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, stream_k=True)])
+                                   Tiles(64, 64, 32, 4, 3, split_k=3, tma=True, stream_k=True),
+                                   Tiles(32, 64, 32, 4, 3, tma=True, tail_m=16, persistent=True, swap_ab=True)])
 def test_a_gluon_blocking_runs_this_kernels_same_tiles_where_the_hopper_kernel_cannot(tiles):
     """On the CPU (and for a per-head product anywhere) a gluon blocking is this kernel's own TMA
-    tiling, split or not, swapped with a tail, persistent or stream-K too: the same bits as without
-    the flag."""
+    tiling, split or not, swapped with a tail, persistent (ping-pong too: the Gluon kernel's own
+    schedule, which this kernel's persistent grid stands in for) or stream-K: the same bits as
+    without the flag."""
     gen = torch.Generator().manual_seed(5)
     x, w = random((70, 136), torch.float32, gen), random((72, 136), torch.float32, gen, 136 ** -0.5)
-    assert torch.equal(batch_invariant_linear(x, w, tiles._replace(gluon=True)), batch_invariant_linear(x, w, tiles))
+    flagged = [tiles._replace(gluon=True)] + ([tiles._replace(gluon=True, ping_pong=True)] if tiles.persistent else [])
     heads = random((37, 3, 136), torch.float32, gen), random((3, 40, 136), torch.float32, gen, 136 ** -0.5)
-    assert torch.equal(batch_invariant_per_head(*heads, tiles._replace(gluon=True)), batch_invariant_per_head(*heads, tiles))
+    for gluon in flagged:
+        assert torch.equal(batch_invariant_linear(x, w, gluon), batch_invariant_linear(x, w, tiles)), gluon
+        assert torch.equal(batch_invariant_per_head(*heads, gluon), batch_invariant_per_head(*heads, tiles)), gluon
+
+
+@pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, tma=True, ping_pong=True),
+                                   Tiles(64, 64, 32, 4, 3, tma=True, gluon=True, ping_pong=True)])
+def test_ping_pong_without_a_persistent_gluon_blocking_is_refused(tiles):
+    with pytest.raises(ValueError, match="needs gluon and persistent"):
+        batch_invariant_linear(torch.zeros(4, 64), torch.zeros(64, 64), tiles)
 
 
 @pytest.mark.parametrize("tiles", [Tiles(64, 64, 32, 4, 3, gluon=True), Tiles(32, 64, 32, 2, 3, tma=True, gluon=True),

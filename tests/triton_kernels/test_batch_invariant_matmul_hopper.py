@@ -14,9 +14,9 @@ import torch
 import triton_kernels.batch_invariant_matmul as gemm
 import triton_kernels.batch_invariant_matmul_hopper as hopper
 from tests.triton_kernels.test_batch_invariant_matmul import DECODE_ROWS, K2_SHAPES, random, relative_error
-from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear, batch_invariant_per_head
+from triton_kernels.batch_invariant_matmul import base_tiles, batch_invariant_linear, batch_invariant_per_head, hopper_tiles
 from triton_kernels.batch_invariant_matmul_hopper import (SMEM_BYTES, HopperTiles, hopper_linear, hopper_matmul,
-                                                          ring_bytes)
+                                                          ping_pong_fits, ring_bytes)
 
 CONFIGS = [HopperTiles(128, 256, 64, 3), HopperTiles(128, 128, 64, 4), HopperTiles(64, 256, 64, 4),
            HopperTiles(64, 128, 64, 6), HopperTiles(256, 128, 64, 4)]
@@ -27,9 +27,16 @@ SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 
            HopperTiles(64, 128, 64, 6, 0, True)]
 # Persistent (a program per SM over the tiles, each stored by the consumers), split in the program too.
 PERSISTENT = [(CONFIGS[0], 1), (CONFIGS[1], 2), (SWAPPED[0], 1), (SWAPPED[2], 2)]
+# Ping-pong (persistent, two consumer groups taking the tiles in turn): kv_b's M = 544 pick (swapped
+# 256 + 16 over 64 weight rows, one warp group a group), 128 x 128 on two, 64 x 256, 128 + 16 swapped.
+PING_PONG = [(SWAPPED[2]._replace(persistent=True, ping_pong=True), 1),
+             (CONFIGS[1]._replace(persistent=True, ping_pong=True), 1),
+             (CONFIGS[2]._replace(persistent=True, ping_pong=True), 1),
+             (SWAPPED[0]._replace(persistent=True, ping_pong=True), 2)]
 # Stream-K (a program per SM over (tile, chunk) units, cut tiles through the workspace).
 STREAMED = [CONFIGS[1], CONFIGS[0], SWAPPED[0], SWAPPED[1]]
-UNSPLIT = CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunks in PERSISTENT if chunks == 1]
+UNSPLIT = (CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunks in PERSISTENT if chunks == 1]
+           + [tiles for tiles, chunks in PING_PONG if chunks == 1])
 
 COMPILE_FOR_HOPPER = """
 import sys
@@ -38,13 +45,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
-from triton_kernels.batch_invariant_matmul_hopper import HopperTiles, _matmul_kernel, consumer_warps, descriptors
-tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True", sys.argv[9] == "True", sys.argv[10] == "True")
+from triton_kernels.batch_invariant_matmul_hopper import (HopperTiles, _matmul_kernel, consumer_warps, descriptors,
+                                                          group_registers)
+tiles = HopperTiles(*map(int, sys.argv[1:6]), sys.argv[6] == "True", *(flag == "True" for flag in sys.argv[9:12]))
 x, w = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16)
 x_desc, xt_desc, w_desc = descriptors(x, w, tiles)
 constants = dict(BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                  NUM_STAGES=tiles.num_stages, CHUNKS=int(sys.argv[7]), WORKSPACE=sys.argv[8] == "True",
-                 SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent, STREAM_K=tiles.stream_k)
+                 SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent, STREAM_K=tiles.stream_k, PING_PONG=tiles.ping_pong,
+                 GROUP_REGS=group_registers(tiles) if tiles.ping_pong else 0)
 signature = {"x_desc": mangle_type(x_desc), "xt_desc": mangle_type(xt_desc), "w_desc": mangle_type(w_desc),
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32",
              "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32", "grid_m": "i32", "grid_n": "i32",
@@ -63,22 +72,25 @@ print(compiled.asm["ttgir"].count("scf.for %i = %c0_i32 "), ptx.count("wgmma.mma
                          + [(HopperTiles(64, 128, 64, 6), 2, False), (HopperTiles(128, 128, 64, 4), 4, False),
                             (HopperTiles(128, 256, 64, 3), 1, True), (SWAPPED[0], 2, False), (SWAPPED[1], 1, True)]
                          + [(tiles._replace(persistent=True), chunks, False) for tiles, chunks in PERSISTENT]
-                         + [(tiles._replace(stream_k=True), 1, True) for tiles in STREAMED])
+                         + [(tiles._replace(stream_k=True), 1, True) for tiles in STREAMED]
+                         + [(tiles, chunks, False) for tiles, chunks in PING_PONG])
 def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     """One warpgroup MMA per 16 of BLOCK_K in each chunk's loop (the chunks of an in-program split
     unrolled), twice with a tail, one acquire-release tile count for a workspace, and the ring
     (stages x the tiles) within the H200's shared memory, compiled for sm_90 here in a process of
     its own. A program over several tiles or units (persistent, stream-K) starts each one's K loop
     at that unit's own step, never at a constant 0 (the IR's loop over `i`): on 2026-12-04 a
-    counter triton did not carry left every such loop at 0, and the kernel hung on the H200."""
+    counter triton did not carry left every such loop at 0, and the kernel hung on the H200.
+    Ping-pong: each of its two consumer groups has the loop, so twice the MMAs."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles[:6]), str(chunks), str(workspace),
-                           str(tiles.persistent), str(tiles.stream_k)],
+                           str(tiles.persistent), str(tiles.stream_k), str(tiles.ping_pong)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     from_zero, mmas, counts, shared = map(int, done.stdout.split()[-4:])
     assert from_zero == (0 if tiles.persistent or tiles.stream_k else 1)
-    assert mmas == chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
+    groups = 2 if tiles.ping_pong else 1
+    assert mmas == groups * chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
     assert ring_bytes(tiles) <= shared <= SMEM_BYTES
 
 
@@ -86,6 +98,16 @@ def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="does not fit"):
         hopper_linear(x, x, CONFIGS[0])
+    with pytest.raises(ValueError, match="needs persistent"):
+        hopper_matmul(x, x, torch.empty(4, 4, dtype=torch.bfloat16), CONFIGS[1]._replace(ping_pong=True))
+
+
+def test_ping_pong_takes_only_tiles_whose_accumulators_fit_two_groups_registers():
+    """One warp group a group: 232 registers a thread, so 256 + 16 rows over 64 weight rows (136
+    accumulator values) fit; two: 112, so 128 x 128 (64 values) fits and 128 x 256 (128) does not,
+    which ptxas refuses to compile (checked for sm_90 here)."""
+    assert [ping_pong_fits(tiles._replace(persistent=True, ping_pong=True)) for tiles in CONFIGS + SWAPPED] == [
+        False, True, True, True, False, True, False, True, True, True]
 
 
 @pytest.mark.gpu
@@ -122,7 +144,8 @@ SPLIT_BLOCKINGS = [dict(block_m=64, block_n=128, num_warps=4, num_stages=6),
 @pytest.mark.parametrize("n, k", [shape for shape in K2_SHAPES if base_tiles(*shape, torch.bfloat16).split_k > 1])
 def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monkeypatch):
     """A split tiling run by the Gluon kernel (swapped with a tail too), its chunks summed through the
-    workspace or (tiles up to 128 x 128) in the program, persistent too, or stream-K on 132 SMs and
+    workspace or (tiles up to 128 x 128) in the program, persistent too (ping-pong where its
+    accumulators fit), or stream-K on 132 SMs and
     on 7: every row at every decode M equals the Triton kernel's same row inside the full batch,
     which is a float64 product to bf16's error; the tile counters end at 0."""
     runs = []
@@ -136,7 +159,9 @@ def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monk
     variants = [base._replace(**blocking, tma=True, gluon=True, split_in_program=in_program)
                 for blocking in SPLIT_BLOCKINGS for in_program in (False, True)
                 if not in_program or blocking["block_m"] * blocking["block_n"] <= 128 * 128]
-    variants += [tiles._replace(persistent=True) for tiles in variants if tiles.split_in_program]
+    in_program = [tiles._replace(persistent=True) for tiles in variants if tiles.split_in_program]
+    variants += in_program + [tiles._replace(ping_pong=True) for tiles in in_program
+                              if ping_pong_fits(hopper_tiles(tiles._replace(ping_pong=True)))]
     variants += [base._replace(**blocking, tma=True, gluon=True, stream_k=True) for blocking in SPLIT_BLOCKINGS]
     for tiles in variants:
         for m in DECODE_ROWS:

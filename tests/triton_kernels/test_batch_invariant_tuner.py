@@ -14,7 +14,9 @@ import torch
 
 import benchmarks.batch_invariant_matmul as tuner
 from benchmarks.tile_invariance import variants, verdict
-from triton_kernels.batch_invariant_matmul import TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of, with_blocking
+from triton_kernels.batch_invariant_matmul import (TUNED, TUNED_FP32, Blocking, Tiles, base_tiles, blocking_of, hopper_tiles,
+                                                   with_blocking)
+from triton_kernels.batch_invariant_matmul_hopper import ping_pong_fits
 
 BASE = Tiles(64, 128, 64, 4, 4)
 
@@ -226,9 +228,10 @@ def test_the_tuner_no_longer_tries_warp_specialized_loops(monkeypatch, inputs):
 def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_both_ways(monkeypatch, inputs):
     """GLUON_TILES at BLOCK_M / 16 warps with TMA loads, no more rows than M needs, and up to
     SWAP_UP_TO_M the swapped GLUON_SWAPPED_TILES whose row tile M passes, at BLOCK_N / 16, last,
-    then the fastest of them persistent; picked where fastest; a split tiling tries each through
-    the workspace and, up to 128 x 128 tiles (two accumulators in registers), with its chunks
-    summed in the program, and persistent the fastest of those (no workspace)."""
+    then the fastest of them persistent, and ping-pong where its accumulators fit two consumer
+    groups (ping_pong_fits); picked where fastest; a split tiling tries each through the workspace
+    and, up to 128 x 128 tiles (two accumulators in registers), with its chunks summed in the
+    program, and persistent (ping-pong too) the fastest of those (no workspace)."""
     def gluon_at(tried, m, *fields):
         return {tuple(e["blocking"][f] for f in fields) for e in tried
                 if e["m"] == m and e["blocking"]["gluon"] and not (e["blocking"]["swap_ab"] or e["blocking"]["persistent"])}
@@ -237,9 +240,13 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         return {tuple(e["blocking"][f] for f in ("block_m", "tail_m", "block_n", "num_stages")) for e in tried
                 if e["m"] == m and e["blocking"]["gluon"] and e["blocking"]["swap_ab"] and not e["blocking"]["persistent"]}
 
-    def persistent_at(tried, m):
+    def persistent_at(tried, m, ping_pong=False):
         return [Blocking(**e["blocking"]) for e in tried if e["m"] == m and e["blocking"]["gluon"]
-                and e["blocking"]["persistent"]]
+                and e["blocking"]["persistent"] and e["blocking"]["ping_pong"] == ping_pong]
+
+    def ping_pong_of(base, fastest):
+        ping_pong = Blocking(**fastest["blocking"])._replace(persistent=True, ping_pong=True)
+        return [ping_pong] if ping_pong_fits(hopper_tiles(base._replace(**ping_pong._asdict()))) else []
 
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
                          cost=lambda b, m: 0.5 if b.gluon and b.block_m == 128 and m >= 544 else 1.0)
@@ -250,11 +257,12 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         assert tiles == {t for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
         swapped = swapped_at(tried, m)
         assert swapped == ({t for t in tuner.GLUON_SWAPPED_TILES if t[0] < m} if m <= tuner.SWAP_UP_TO_M else set())
-        last = len(tiles) + len(swapped) + 1  # then the fastest of them, persistent
-        assert [e["blocking"]["gluon"] for e in tried if e["m"] == m][-last:] == [True] * last
         fastest = min((e for e in tried if e["m"] == m and e["blocking"]["gluon"] and not e["blocking"]["persistent"]),
                       key=lambda e: e["ratio_to_cublas"])
         assert persistent_at(tried, m) == [Blocking(**fastest["blocking"])._replace(persistent=True)]
+        assert persistent_at(tried, m, ping_pong=True) == ping_pong_of(BASE, fastest)
+        last = len(tiles) + len(swapped) + 1 + len(ping_pong_of(BASE, fastest))  # then the fastest of them, persistent
+        assert [e["blocking"]["gluon"] for e in tried if e["m"] == m][-last:] == [True] * last
     gluon = [Blocking(**e["blocking"]) for e in tried if e["blocking"]["gluon"]]
     assert all(b.num_warps == (b.block_n if b.swap_ab else b.block_m) // 16 and b.tma for b in gluon)
     assert any(b.swap_ab and b.tail_m for b in gluon)
@@ -262,7 +270,8 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
     assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
     split = BASE._replace(split_k=2)
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False, base=split,
-                         cost=lambda b, m: 0.5 if b.gluon and b.split_in_program and m >= 544 else 1.0)
+                         cost=lambda b, m: (0.4 if b.ping_pong else 0.5) if b.gluon and b.split_in_program and m >= 544
+                         else 1.0)
     assert not any(e["blocking"]["gluon"] for e in tried if e["m"] < tuner.GLUON_FROM_M)
     for m in [m for m in tuner.ROWS if m >= tuner.GLUON_FROM_M]:
         tiles = {t[:2] for t in tuner.GLUON_TILES if t[0] == 64 or t[0] < 2 * m}
@@ -271,8 +280,12 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         in_program = min((e for e in tried if e["m"] == m and e["blocking"]["gluon"] and e["blocking"]["split_in_program"]
                           and not e["blocking"]["persistent"]), key=lambda e: e["ratio_to_cublas"])
         assert persistent_at(tried, m) == [Blocking(**in_program["blocking"])._replace(persistent=True)]
+        assert persistent_at(tried, m, ping_pong=True) == ping_pong_of(split, in_program)
+        assert ping_pong_of(split, in_program) or m < 544  # 128 x 128, the fastest from 544, fits
     picked = with_blocking(split, ranges, 1088)
     assert picked.gluon and picked.split_in_program and picked.block_m * picked.block_n <= 128 * 128
+    assert picked.persistent and picked.ping_pong  # the fastest, and a line that pastes back
+    assert eval(tuner.ranges_line(ranges), {"Blocking": Blocking}) == ranges
     assert not with_blocking(split, ranges, 136).gluon
 
 

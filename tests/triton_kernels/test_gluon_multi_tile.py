@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gluon_multi_tile import CASES, hopper_tiles, shape_of, units_per_program
+from benchmarks.gluon_multi_tile import CASES, case_tiles, shape_of, units_per_program
 from triton_kernels.batch_invariant_matmul import base_tiles
-from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, ring_bytes
+from triton_kernels.batch_invariant_matmul_hopper import SMEM_BYTES, ping_pong_fits, ring_bytes
 
 H200_SMS = 132
 
@@ -22,7 +22,7 @@ def test_the_controls_hold_one_unit_a_program_and_every_other_case_several():
     for case in CASES:
         units, programs = units_per_program(case, H200_SMS)
         assert (units <= programs) == ((case.shape, case.m) in controls), (case, units, programs)
-    assert {case.kind for case in CASES} == {"persistent", "stream_k"}
+    assert {case.kind for case in CASES} == {"persistent", "stream_k", "ping_pong"}
 
 
 @pytest.mark.parametrize("args, problem", [(["--timeout-s", "0"], "--timeout-s must be positive"),
@@ -38,7 +38,9 @@ def test_the_benchmark_refuses_bad_input_with_one_line(args, problem):
 
 
 def test_every_cases_ring_fits_the_h200s_shared_memory_at_its_shapes_block_k():
-    """A case that did not fit would come back as an error, not as an answer about its loop."""
+    """A case that did not fit would come back as an error, not as an answer about its loop (nor a
+    ping-pong case whose accumulators two consumer groups' registers cannot hold)."""
     for case in CASES:
-        block_k = base_tiles(*shape_of(case), torch.bfloat16).block_k
-        assert ring_bytes(hopper_tiles(case, block_k)) <= SMEM_BYTES - 1024, case
+        tiles = case_tiles(case, base_tiles(*shape_of(case), torch.bfloat16).block_k)
+        assert ring_bytes(tiles) <= SMEM_BYTES - 1024, case
+        assert tiles.ping_pong == (case.kind == "ping_pong") and (not tiles.ping_pong or ping_pong_fits(tiles)), case
