@@ -186,12 +186,13 @@ def _zeros(layout: gl.constexpr, tail_layout: gl.constexpr, BLOCK_M: gl.constexp
 @gluon.jit
 def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: gl.constexpr,
                     tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr):
+                    NUM_STAGES: gl.constexpr, SWAP_AB: gl.constexpr, FREE_OWN: gl.constexpr):
     """Steps first .. first + steps - 1 on fp32 accumulators from zero, one MMA per step and tile
     in step order (swapped: w x^T, [BLOCK_N, rows]); returned once all are done, as (tile, tail)
-    (no tail: the tile twice). Each step's stage is freed once its MMAs are done: the step
-    before's after this step's are issued, the last once all are. So a call frees exactly the
-    stages it read, which two consumer groups taking turns on one ring need (ping-pong)."""
+    (no tail: the tile twice). Each step's stage is freed once its MMAs are done, after the next
+    step's are issued: the step before's stage here, this call's last by the consumer's next step.
+    FREE_OWN (ping-pong, whose next step may be the other group's): the last once all are done,
+    and none before `first`, so a call frees exactly the stages it read."""
     acc, acc_tail = _zeros(layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, SWAP_AB)
     for i in range(first, first + steps):
         stage = i % NUM_STAGES
@@ -206,28 +207,30 @@ def _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, steps, layout: 
             acc, acc_tail = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_tail))  # step i - 1's are done
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # step i - 1's MMA is done
-        mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > first)
+        mbarrier.arrive(free.index((i + NUM_STAGES - 1) % NUM_STAGES), pred=i > (first if FREE_OWN else 0))
     if TAIL_M > 0:
         acc, acc_tail = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_tail))
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         acc_tail = acc
-    mbarrier.arrive(free.index((first + steps - 1) % NUM_STAGES))
+    if FREE_OWN:
+        mbarrier.arrive(free.index((first + steps - 1) % NUM_STAGES))
     return acc, acc_tail
 
 
 @gluon.jit
 def _multiply_tile(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout: gl.constexpr,
                    tail_layout: gl.constexpr, BLOCK_M: gl.constexpr, TAIL_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr):
+                   NUM_STAGES: gl.constexpr, CHUNKS: gl.constexpr, SWAP_AB: gl.constexpr, FREE_OWN: gl.constexpr):
     """One tile from the program's step `first` on: CHUNKS chunks of chunk_steps steps, each
     accumulated from zero, their sums added in chunk order (the Triton kernel's `acc += more`):
     the fp32 tile and tail, before any cast."""
     total, tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first, chunk_steps, layout, tail_layout,
-                                  BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+                                  BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB, FREE_OWN)
     for c in gl.static_range(1, CHUNKS):
         more, more_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, first + c * chunk_steps, chunk_steps,
-                                          layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+                                          layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB,
+                                          FREE_OWN)
         total = total + more
         if TAIL_M > 0:
             tail = tail + more_tail
@@ -283,7 +286,7 @@ def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N,
                 mbarrier.wait(turns.index(GROUP), ((j - 2 + GROUP) // 2) & 1, pred=j > 0)
             acc, acc_tail = _multiply_tile(x_smem, xt_smem, w_smem, ready, free, j * (CHUNKS * chunk_steps),
                                            chunk_steps, layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES,
-                                           CHUNKS, SWAP_AB)
+                                           CHUNKS, SWAP_AB, GROUPS > 1)
             if GROUPS > 1:
                 mbarrier.arrive(turns.index(1 - GROUP))
             row0, col0 = _tile_origin(tile, grid_m, BLOCK_M, TAIL_M, BLOCK_N)
@@ -292,7 +295,7 @@ def _multiply_stages(x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N,
         return ()
     else:
         return _multiply_tile(x_smem, xt_smem, w_smem, ready, free, 0, chunk_steps, layout, tail_layout, BLOCK_M,
-                              TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB)
+                              TAIL_M, BLOCK_N, NUM_STAGES, CHUNKS, SWAP_AB, False)
 
 
 @gluon.jit
@@ -377,7 +380,7 @@ def _stream_k_units(x_smem, xt_smem, w_smem, ready, free, out_ptr, partial_ptr, 
     for u in range(start, end):
         tile, c = u // splits, u % splits
         acc, acc_tail = _multiply_chunk(x_smem, xt_smem, w_smem, ready, free, (u - start) * chunk_steps, chunk_steps,
-                                        layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB)
+                                        layout, tail_layout, BLOCK_M, TAIL_M, BLOCK_N, NUM_STAGES, SWAP_AB, False)
         if c == 0:
             total = acc
             if TAIL_M > 0:
@@ -445,12 +448,15 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     w_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; the TMA's bytes complete it
         mbarrier.init(free.index(i), count=1)  # the consumers, once their MMAs on it are done
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)  # ping-pong: the other group, its MMAs on a tile done
+    if PING_PONG:
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turns.index(i), count=1)  # the other group, its MMAs on a tile done
+    else:
+        turns = free  # unread with one consumer group
     fence_async_shared()
     n_side: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N  # the MMA's N: the rows swapped, else the columns
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
