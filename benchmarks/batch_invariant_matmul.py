@@ -44,8 +44,9 @@ blockings (`gluon`, GLUON_TILES: a producer warp and one or two
 consumer warp groups, triton_kernels/batch_invariant_matmul_hopper.py; a split tiling's with
 its chunks through the workspace and, at tiles up to 128 x 128, in the program; swapped ones,
 GLUON_SWAPPED_TILES, up to M = 1,088; then its fastest that needs no workspace as a persistent
-grid and, where its accumulators fit two consumer groups' registers, as a persistent ping-pong
-grid, one group storing a tile while the other multiplies the next), from M = GLUON_FROM_M up. Beside the base's own
+grid, and the fastest whose accumulators fit two consumer groups' registers as a persistent
+ping-pong grid, one group storing a tile while the other multiplies the next), from
+M = GLUON_FROM_M up. Beside the base's own
 blocking, the one BLOCKING_BY_M serves at M today is timed first (`incumbent`), so a re-run keeps
 it unless it finds a faster one.
 Picks at consecutive M that agree merge into one range; the run prints the BLOCKING_BY_M lines to
@@ -377,12 +378,21 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
             run("stream_k", stream_k_blockings(fastest() or blocking_of(base), m, widest))
         if m >= GLUON_FROM_M:
             run("gluon", gluon_blockings(base, m, widest))
-        gluon_pick = fastest(lambda b: b.gluon and (base.split_k == 1 or b.split_in_program))  # no workspace
+        def no_workspace(b: Blocking) -> bool:
+            return b.gluon and not b.persistent and (base.split_k == 1 or b.split_in_program)
+
+        def two_groups(b: Blocking) -> Blocking | None:
+            """b as ping-pong, where two consumer groups' registers hold its accumulators."""
+            b = b._replace(persistent=True, ping_pong=True)
+            return b if ping_pong_fits(hopper_tiles(base._replace(**b._asdict()))) else None
+
+        gluon_pick = fastest(no_workspace)
         if gluon_pick is not None:
             run("gluon", [gluon_pick._replace(persistent=True)])  # its tiles' epilogues under the next loads
-            ping_pong = gluon_pick._replace(persistent=True, ping_pong=True)  # ... and under the next tile's MMAs
-            if ping_pong_fits(hopper_tiles(base._replace(**ping_pong._asdict()))):
-                run("gluon", [ping_pong])
+        # ... and under the next tile's MMAs: the fastest whose accumulators two groups can hold
+        ping_pong = fastest(lambda b: no_workspace(b) and two_groups(b) is not None)
+        if ping_pong is not None:
+            run("gluon", [two_groups(ping_pong)])
         pick = fastest()
         if pick is None:  # not even the base tiling kept its own bits: the kernel depends on M
             raise RuntimeError(f"{tuple(w.shape)}: no blocking at M = {m}, not even the base tiling's, "
