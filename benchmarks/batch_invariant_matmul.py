@@ -384,7 +384,8 @@ def tune_blocking(x: torch.Tensor, w: torch.Tensor, base: Tiles, rows: list[int]
         def two_groups(b: Blocking) -> Blocking | None:
             """b as ping-pong, where two consumer groups' registers hold its accumulators."""
             b = b._replace(persistent=True, ping_pong=True)
-            return b if ping_pong_fits(hopper_tiles(base._replace(**b._asdict()))) else None
+            chunks = base.split_k if b.split_in_program else 1
+            return b if ping_pong_fits(hopper_tiles(base._replace(**b._asdict())), chunks) else None
 
         gluon_pick = fastest(no_workspace)
         if gluon_pick is not None:

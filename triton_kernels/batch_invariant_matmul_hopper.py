@@ -50,7 +50,7 @@ PRODUCER_WARPS = gl.constexpr(1)
 PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp: it only computes coordinates
 REGISTERS = 65536  # 32-bit registers per SM on sm_90
 SMEM_BYTES = 232448  # shared memory per block on sm_90
-PING_PONG_SPARE_REGS = 40  # a ping-pong group's registers beside its accumulators (addresses, loop state)
+PING_PONG_SPARE_REGS = 32  # a ping-pong group's registers beside its accumulators (addresses, loop state)
 
 
 class HopperTiles(NamedTuple):
@@ -84,20 +84,31 @@ def consumer_warps(tiles: HopperTiles) -> int:
     return (tiles.block_n if tiles.swap_ab else tiles.block_m) // 16
 
 
-def group_registers(tiles: HopperTiles) -> int:
-    """Registers a thread of ping-pong's second consumer group gets: what the SM holds beside the
-    producer's warp (which triton pads to a warp group) split over two groups, in setmaxnreg's
-    steps of 8, at most 232 (as triton sets the first group's): 232 for groups of one warp group,
-    112 for two (compiled for sm_90 here)."""
-    return min(232, (REGISTERS - 128 * PRODUCER_REGS.value) // (2 * 32 * consumer_warps(tiles)) // 8 * 8)
+def group_registers(tiles: HopperTiles) -> tuple[int, int]:
+    """Registers a thread of ping-pong's (first, second) consumer group gets. Its block is two
+    groups and the producer's warp, which triton pads to a warp group; triton launches it at
+    65,536 registers per block split evenly over its threads (in setmaxnreg's steps of 8), gives
+    the producer PRODUCER_REGS and the second group what the kernel asks (this split of the SM's
+    registers over two groups), and the first group what is left: 232 and 232 for groups of one
+    warp group, 104 and 112 for two (the PTX's setmaxnreg, compiled for sm_90 here)."""
+    warps = consumer_warps(tiles)
+    threads = 32 * (2 * warps + 4)
+    producer = 128 * PRODUCER_REGS.value
+    second = (REGISTERS - producer) // (2 * 32 * warps) // 8 * 8
+    pool = REGISTERS // threads // 8 * 8 * threads
+    return (pool - producer - 32 * warps * second) // (32 * warps) // 8 * 8, second
 
 
-def ping_pong_fits(tiles: HopperTiles) -> bool:
-    """Whether a ping-pong group's thread holds its tile's and tail's fp32 accumulators in its
-    registers with PING_PONG_SPARE_REGS to spare (ptxas refuses 128 x 256 tiles on groups of two
-    warp groups: 128 values a thread in 112 registers)."""
-    values = (tiles.block_m + tiles.tail_m) * tiles.block_n // (32 * consumer_warps(tiles))
-    return values + PING_PONG_SPARE_REGS <= group_registers(tiles)
+def ping_pong_fits(tiles: HopperTiles, chunks: int = 1) -> bool:
+    """Whether ping-pong can run this tiling: two groups and the padded producer within a block's
+    1,024 threads, and each group's fp32 accumulators (twice over for a split summed in the
+    program, whose running total and next chunk are both live) in its registers with
+    PING_PONG_SPARE_REGS to spare. ptxas refuses 128 x 256 on two groups of two warp groups (128
+    values a thread in 104 registers) and spills 1.2-4.7 kB a thread where a split's two
+    accumulators pass the registers (compiled for sm_90 here)."""
+    warps = consumer_warps(tiles)
+    values = (tiles.block_m + tiles.tail_m) * tiles.block_n // (32 * warps) * (2 if chunks > 1 else 1)
+    return 32 * (2 * warps + 4) <= 1024 and values + PING_PONG_SPARE_REGS <= min(group_registers(tiles))
 
 
 def ring_bytes(tiles: HopperTiles, element_size: int = 2) -> int:
@@ -108,8 +119,9 @@ def ring_bytes(tiles: HopperTiles, element_size: int = 2) -> int:
 def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
     """Whether this kernel serves these inputs: a Hopper GPU, 16-bit 2-D rows the TMA can address
     (none empty: a descriptor needs every size positive), tile shapes the warpgroup MMA allows, and
-    a ring that fits in shared memory (beside the barriers); for ping-pong, accumulators that fit a
-    group's registers (ping_pong_fits)."""
+    a ring of two stages or more (a step's stage is freed after the next step's MMA is issued)
+    that fits in shared memory (beside the barriers); for ping-pong, groups that fit the block and
+    accumulators their registers (ping_pong_fits: of one chunk; hopper_matmul checks its own)."""
     mma_shapes = (tiles.block_n in (64, 128, 256)
                   and (tiles.block_m in (16, 32, 64, 128, 256) and tiles.tail_m in (0, 16, 32, 64) if tiles.swap_ab
                        else tiles.block_m in (64, 128, 256) and tiles.tail_m == 0))
@@ -117,7 +129,7 @@ def fits(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> bool:
             and weight.numel() > 0 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(-1) == 1 and weight.stride(-1) == 1
             and all((t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x, weight))
-            and mma_shapes and ring_bytes(tiles, x.element_size()) <= SMEM_BYTES - 1024
+            and mma_shapes and tiles.num_stages >= 2 and ring_bytes(tiles, x.element_size()) <= SMEM_BYTES - 1024
             and (not tiles.ping_pong or ping_pong_fits(tiles)))
 
 
@@ -477,7 +489,7 @@ def _matmul_kernel(x_desc, xt_desc, w_desc, out_ptr, partial_ptr, counter_ptr, M
     elif PERSISTENT:
         # (a partition's arguments are spelled out in each call: a tuple of them bound to a name
         # turns its functions and layouts into values, which triton refuses)
-        if PING_PONG:  # the second group first among the workers: its warps then start a warp group
+        if PING_PONG:  # the second group, then the producer (triton puts each on a warp group of its own)
             gl.warp_specialize([
                 (_multiply_stages, (x_smem, xt_smem, w_smem, ready, free, turns, out_ptr, M, N, stride_om,
                                     gl.program_id(0), grid_m * grid_n, gl.num_programs(0), grid_m, chunk_steps, layout,
@@ -547,6 +559,9 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
     if tiles.ping_pong and not tiles.persistent:
         raise ValueError(f"hopper_matmul: ping-pong is two consumer groups taking a persistent program's tiles in "
                          f"turn, so it needs persistent: {tiles}")
+    if tiles.ping_pong and not ping_pong_fits(tiles, chunks):
+        raise ValueError(f"hopper_matmul: two ping-pong groups cannot hold {tiles}'s accumulators over {chunks} "
+                         f"chunks in their registers (ping_pong_fits)")
     splits = partials.shape[0] if workspace is not None else 1
     x_desc, xt_desc, w_desc = descriptors(x, weight, tiles)
     grid_m, grid_n = triton.cdiv(m, tiles.block_m + tiles.tail_m), triton.cdiv(n, tiles.block_n)
@@ -557,7 +572,7 @@ def hopper_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, tile
                          BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, CHUNKS=chunks,
                          WORKSPACE=workspace is not None, SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent,
                          STREAM_K=tiles.stream_k, PING_PONG=tiles.ping_pong,
-                         GROUP_REGS=group_registers(tiles) if tiles.ping_pong else 0, num_warps=consumer_warps(tiles))
+                         GROUP_REGS=group_registers(tiles)[1] if tiles.ping_pong else 0, num_warps=consumer_warps(tiles))
 
 
 def hopper_linear(x: torch.Tensor, weight: torch.Tensor, tiles: HopperTiles) -> torch.Tensor:

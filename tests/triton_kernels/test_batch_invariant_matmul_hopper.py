@@ -28,11 +28,12 @@ SWAPPED = [HopperTiles(128, 128, 64, 4, 16, True), HopperTiles(256, 128, 64, 4, 
 # Persistent (a program per SM over the tiles, each stored by the consumers), split in the program too.
 PERSISTENT = [(CONFIGS[0], 1), (CONFIGS[1], 2), (SWAPPED[0], 1), (SWAPPED[2], 2)]
 # Ping-pong (persistent, two consumer groups taking the tiles in turn): kv_b's M = 544 pick (swapped
-# 256 + 16 over 64 weight rows, one warp group a group), 128 x 128 on two, 64 x 256, 128 + 16 swapped.
+# 256 + 16 over 64 weight rows, one warp group a group), 128 x 128 on two, 64 x 256, and 64 x 128
+# split in the program (the one split tiling of these whose two accumulators fit).
 PING_PONG = [(SWAPPED[2]._replace(persistent=True, ping_pong=True), 1),
              (CONFIGS[1]._replace(persistent=True, ping_pong=True), 1),
              (CONFIGS[2]._replace(persistent=True, ping_pong=True), 1),
-             (SWAPPED[0]._replace(persistent=True, ping_pong=True), 2)]
+             (CONFIGS[3]._replace(persistent=True, ping_pong=True), 2)]
 # Stream-K (a program per SM over (tile, chunk) units, cut tiles through the workspace).
 STREAMED = [CONFIGS[1], CONFIGS[0], SWAPPED[0], SWAPPED[1]]
 UNSPLIT = (CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunks in PERSISTENT if chunks == 1]
@@ -53,7 +54,7 @@ x_desc, xt_desc, w_desc = descriptors(x, w, tiles)
 constants = dict(BLOCK_M=tiles.block_m, TAIL_M=tiles.tail_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                  NUM_STAGES=tiles.num_stages, CHUNKS=int(sys.argv[7]), WORKSPACE=sys.argv[8] == "True",
                  SWAP_AB=tiles.swap_ab, PERSISTENT=tiles.persistent, STREAM_K=tiles.stream_k, PING_PONG=tiles.ping_pong,
-                 GROUP_REGS=group_registers(tiles) if tiles.ping_pong else 0)
+                 GROUP_REGS=group_registers(tiles)[1] if tiles.ping_pong else 0)
 signature = {"x_desc": mangle_type(x_desc), "xt_desc": mangle_type(xt_desc), "w_desc": mangle_type(w_desc),
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32",
              "stride_om": "i32", "stride_ps": "i32", "k_chunk": "i32", "splits": "i32", "grid_m": "i32", "grid_n": "i32",
@@ -100,14 +101,24 @@ def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
         hopper_linear(x, x, CONFIGS[0])
     with pytest.raises(ValueError, match="needs persistent"):
         hopper_matmul(x, x, torch.empty(4, 4, dtype=torch.bfloat16), CONFIGS[1]._replace(ping_pong=True))
+    with pytest.raises(ValueError, match="cannot hold"):
+        hopper_matmul(x, x, torch.empty(4, 4, dtype=torch.bfloat16), CONFIGS[1]._replace(persistent=True, ping_pong=True),
+                      k_chunk=64, chunks=2)
 
 
-def test_ping_pong_takes_only_tiles_whose_accumulators_fit_two_groups_registers():
+def test_ping_pong_takes_only_tiles_whose_groups_fit_the_block_and_accumulators_their_registers():
     """One warp group a group: 232 registers a thread, so 256 + 16 rows over 64 weight rows (136
-    accumulator values) fit; two: 112, so 128 x 128 (64 values) fits and 128 x 256 (128) does not,
-    which ptxas refuses to compile (checked for sm_90 here)."""
-    assert [ping_pong_fits(tiles._replace(persistent=True, ping_pong=True)) for tiles in CONFIGS + SWAPPED] == [
-        False, True, True, True, False, True, False, True, True, True]
+    accumulator values) fit; two: 104 for the first, so 128 x 128 and 128 + 16 x 128 swapped (64
+    and 72 values) fit and 128 x 256 (128) does not, which ptxas refuses to compile; four (256 rows,
+    or 256 weight rows swapped) make a block of 36 warps, past 1,024 threads. A split summed in the
+    program holds two accumulators: only 64 x 128 (64 values twice in 232) still fits. Every
+    tiling here that fits compiles for sm_90 with no spills (checked here)."""
+    tilings = [tiles._replace(persistent=True, ping_pong=True) for tiles in CONFIGS + SWAPPED]
+    assert [ping_pong_fits(tiles) for tiles in tilings] == [False, True, True, True, False, True, False, True, False,
+                                                            True]
+    assert [ping_pong_fits(tiles, chunks=4) for tiles in tilings] == [False, False, False, True, False, False, False,
+                                                                      False, False, True]
+    assert hopper.group_registers(CONFIGS[1]) == (104, 112) and hopper.group_registers(SWAPPED[2]) == (232, 232)
 
 
 @pytest.mark.gpu
@@ -161,7 +172,7 @@ def test_k2_split_rows_have_the_triton_kernels_bits_at_every_m_on_gpu(n, k, monk
                 if not in_program or blocking["block_m"] * blocking["block_n"] <= 128 * 128]
     in_program = [tiles._replace(persistent=True) for tiles in variants if tiles.split_in_program]
     variants += in_program + [tiles._replace(ping_pong=True) for tiles in in_program
-                              if ping_pong_fits(hopper_tiles(tiles._replace(ping_pong=True)))]
+                              if ping_pong_fits(hopper_tiles(tiles._replace(ping_pong=True)), tiles.split_k)]
     variants += [base._replace(**blocking, tma=True, gluon=True, stream_k=True) for blocking in SPLIT_BLOCKINGS]
     for tiles in variants:
         for m in DECODE_ROWS:

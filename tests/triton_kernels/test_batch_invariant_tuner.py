@@ -249,7 +249,8 @@ def test_the_gluon_pass_tries_the_hopper_kernels_tiles_last_and_a_split_tilings_
         fitting = [(e["ratio_to_cublas"], Blocking(**e["blocking"])._replace(persistent=True, ping_pong=True))
                    for e in tried if e["m"] == m and e["blocking"]["gluon"] and not e["blocking"]["persistent"]
                    and all(e["blocking"][f] == v for f, v in fields.items())]
-        fitting = [(ratio, b) for ratio, b in fitting if ping_pong_fits(hopper_tiles(base._replace(**b._asdict())))]
+        fitting = [(ratio, b) for ratio, b in fitting if ping_pong_fits(hopper_tiles(base._replace(**b._asdict())),
+                                                                       base.split_k if b.split_in_program else 1)]
         return [min(fitting, key=lambda pair: pair[0])[1]] if fitting else []
 
     ranges, tried = tune(monkeypatch, inputs, poisoned=lambda tiles, m: False,
