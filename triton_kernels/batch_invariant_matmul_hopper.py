@@ -104,8 +104,8 @@ def ping_pong_fits(tiles: HopperTiles, chunks: int = 1) -> bool:
     1,024 threads, and each group's fp32 accumulators (twice over for a split summed in the
     program, whose running total and next chunk are both live) in its registers with
     PING_PONG_SPARE_REGS to spare. ptxas refuses 128 x 256 on two groups of two warp groups (128
-    values a thread in 104 registers) and spills 1.2-4.7 kB a thread where a split's two
-    accumulators pass the registers (compiled for sm_90 here)."""
+    values a thread in 104 registers) and spills where a split's two accumulators pass the
+    registers (compiled for sm_90 here)."""
     warps = consumer_warps(tiles)
     values = (tiles.block_m + tiles.tail_m) * tiles.block_n // (32 * warps) * (2 if chunks > 1 else 1)
     return 32 * (2 * warps + 4) <= 1024 and values + PING_PONG_SPARE_REGS <= min(group_registers(tiles))

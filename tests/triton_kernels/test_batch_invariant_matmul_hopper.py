@@ -3,6 +3,7 @@ of the full batch at Kimi K2's shapes, split or not. The interpreter cannot run 
 kernel is compiled for sm_90 (its warpgroup MMAs and shared-memory ring checked), on the GPU run.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -40,9 +41,14 @@ UNSPLIT = (CONFIGS + SWAPPED + [tiles._replace(persistent=True) for tiles, chunk
            + [tiles for tiles, chunks in PING_PONG if chunks == 1])
 
 COMPILE_FOR_HOPPER = """
+import json
+import re
+import subprocess
 import sys
+import tempfile
 import torch
 import triton
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
@@ -64,8 +70,16 @@ attrs = {(_matmul_kernel.arg_names.index(name),): [["tt.divisibility", 16]] for 
 compiled = triton.compile(GluonASTSource(_matmul_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": consumer_warps(tiles)})
 ptx = compiled.asm["ptx"]
-print(compiled.asm["ttgir"].count("scf.for %i = %c0_i32 "), ptx.count("wgmma.mma_async"),
-      ptx.count("atom.global.gpu.acq_rel.add"), compiled.metadata.shared)
+with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:  # ptxas -v again, for its spill count
+    source.write(ptx)
+    source.flush()
+    log = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", source.name, "-o", source.name + ".o"],
+                         capture_output=True, text=True, check=True).stderr
+print(json.dumps({"from_zero": compiled.asm["ttgir"].count("scf.for %i = %c0_i32 "),
+                  "mmas": ptx.count("wgmma.mma_async"), "counts": ptx.count("atom.global.gpu.acq_rel.add"),
+                  "shared": compiled.metadata.shared,
+                  "spill_bytes": sum(map(int, re.findall(r"(\\d+) bytes spill stores", log))),
+                  "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)})}))
 """
 
 
@@ -82,17 +96,21 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tiles, chunks, workspace):
     its own. A program over several tiles or units (persistent, stream-K) starts each one's K loop
     at that unit's own step, never at a constant 0 (the IR's loop over `i`): on 2026-12-04 a
     counter triton did not carry left every such loop at 0, and the kernel hung on the H200.
-    Ping-pong: each of its two consumer groups has the loop, so twice the MMAs."""
+    Ping-pong: each of its two consumer groups has the loop, so twice the MMAs; the registers
+    group_registers says each group gets (the PTX's setmaxnreg), and no spills."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, *map(str, tiles[:6]), str(chunks), str(workspace),
                            str(tiles.persistent), str(tiles.stream_k), str(tiles.ping_pong)],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    from_zero, mmas, counts, shared = map(int, done.stdout.split()[-4:])
-    assert from_zero == (0 if tiles.persistent or tiles.stream_k else 1)
+    compiled = json.loads(done.stdout.splitlines()[-1])
+    assert compiled["from_zero"] == (0 if tiles.persistent or tiles.stream_k else 1)
     groups = 2 if tiles.ping_pong else 1
-    assert mmas == groups * chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1) and counts == workspace
-    assert ring_bytes(tiles) <= shared <= SMEM_BYTES
+    assert compiled["mmas"] == groups * chunks * tiles.block_k // 16 * (2 if tiles.tail_m else 1)
+    assert compiled["counts"] == workspace
+    assert ring_bytes(tiles) <= compiled["shared"] <= SMEM_BYTES
+    if tiles.ping_pong:
+        assert set(hopper.group_registers(tiles)) <= set(compiled["setmaxnreg"]) and compiled["spill_bytes"] == 0
 
 
 def test_inputs_it_cannot_serve_are_refused_with_a_sentence():
